@@ -1,0 +1,73 @@
+"""The result document a job writes (TensorFlow-free; the API reads it as it is)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.trace import TracePoint
+
+RESULT_FORMAT = 1
+
+
+class JobError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    message: str
+    phase: Literal["spec", "training"] = "training"
+    traceback: str | None = None
+    errors: list[dict[str, str]] = Field(default_factory=list)  # field problems of a bad spec
+
+
+class DataFingerprint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: int
+    fingerprint: str
+
+
+class JobResult(BaseModel):
+    """Everything one job produced: verdict material, provenance and diagnostics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = RESULT_FORMAT
+    status: Literal["succeeded", "failed"]
+    spec_hash: str | None = None
+    seed: list[int] | None = None
+    seed_source: Literal["spec", "generated"] | None = None
+    spec: dict[str, Any] | None = None
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    determinism: dict[str, Any] = Field(default_factory=dict)
+    metrics: list[dict[str, Any]] = Field(default_factory=list)
+    trace: list[TracePoint] = Field(default_factory=list)
+    trace_granularity: str | None = None
+    final_fingerprint: str | None = None
+    data_fingerprints: list[DataFingerprint] = Field(default_factory=list)
+    eval_data_fingerprint: str | None = None
+    checkpoints: list[str] = Field(default_factory=list)
+    resumed_from_epoch: int | None = None
+    warnings: list[str] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
+    error: JobError | None = None
+
+
+def write_result(result: JobResult, path: Path) -> None:
+    """Write the result atomically, so a reader never sees half a document."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(result.model_dump_json(indent=1))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_result(path: Path) -> JobResult:
+    """Parse a result document."""
+    return JobResult.model_validate(json.loads(Path(path).read_text()))

@@ -1,0 +1,266 @@
+"""The experiment spec: a strict, versioned pydantic model with a canonical hash.
+
+TensorFlow-free: the API validates and hashes specs with this module alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from worker.errors import SpecError
+from worker.seeds import SeedTuple, seed_tuple
+
+SPEC_VERSION = 1
+HASH_ALGORITHM = "sha256"
+
+
+def _integral(value: Any) -> Any:
+    # JSON writers spell 3 as 3.0 or 3e0; accept those, but never a bool or a string.
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+PosInt = Annotated[int, BeforeValidator(_integral), Field(ge=1)]
+Autotune = Literal["autotune"]
+
+
+def _json_params(value: dict[str, Any]) -> dict[str, Any]:
+    # Free-form params reach generators and Keras; only finite JSON values may pass.
+    def check(item: Any, depth: int) -> None:
+        if depth > 8:
+            raise ValueError("params nest deeper than 8 levels")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"numbers must be finite, got {item}")
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"keys must be strings, got {key!r}")
+                check(sub, depth + 1)
+        elif isinstance(item, list):
+            for sub in item:
+                check(sub, depth + 1)
+        elif item is not None and not isinstance(item, bool | int | float | str):
+            raise ValueError(f"unsupported value of type {type(item).__name__}")
+
+    check(value, 0)
+    return value
+
+
+Params = Annotated[dict[str, Any], AfterValidator(_json_params)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DatasetSpec(_Strict):
+    """Which generator makes the data, and how the tf.data pipeline runs it."""
+
+    generator: str = Field(min_length=1, max_length=100)
+    params: Params = Field(default_factory=dict)
+    batch_size: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=65_536)]
+    train_batches: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=10_000_000)]
+    eval_batches: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=10_000_000)] = 0
+    num_parallel_calls: PosInt | Autotune = "autotune"
+    prefetch: Annotated[int, BeforeValidator(_integral), Field(ge=0)] | Autotune = "autotune"
+    deterministic_order: bool = True
+    xla: bool = False
+
+
+class ModelSpec(_Strict):
+    architecture: str = Field(min_length=1, max_length=100)
+    params: Params = Field(default_factory=dict)
+
+
+class OptimizerSpec(_Strict):
+    name: str = "adam"
+    params: Params = Field(default_factory=dict)
+
+
+class LossSpec(_Strict):
+    name: str
+    params: Params = Field(default_factory=dict)
+
+
+class TrainingSpec(_Strict):
+    epochs: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=100_000)]
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    loss: LossSpec
+    metrics: list[str] = Field(default_factory=list, max_length=16)
+    # None: a trace point at every epoch end; N: also one every N global steps.
+    fingerprint_every_steps: PosInt | None = None
+    checkpoint_every_epochs: PosInt = 1
+
+
+class DeterminismSpec(_Strict):
+    op_determinism: bool = True
+    intra_op_threads: PosInt | None = None
+    inter_op_threads: PosInt | None = None
+    # Set before the job's interpreter starts; worker.run re-executes itself to apply it.
+    python_hash_seed: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=4_294_967_295)] = 0
+
+
+class EnvironmentSpec(_Strict):
+    image: str | None = Field(default=None, max_length=500)
+
+
+class ExperimentSpec(_Strict):
+    """One experiment: everything needed to train it again bit for bit."""
+
+    version: Literal[1] = SPEC_VERSION
+    name: str = Field(min_length=1, max_length=200)
+    seed: SeedTuple | None = None
+    dataset: DatasetSpec
+    model: ModelSpec
+    training: TrainingSpec
+    determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _normalise_seed(cls, value: Any) -> Any:
+        # `seed: 7` and `seed: [7, 0]` are one experiment; store the pair form.
+        if value is None:
+            return None
+        if isinstance(value, str | bytes | bool):
+            raise ValueError("seed must be an integer, a pair of integers, or null")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, list | tuple):
+            value = [_integral(v) for v in value]
+        try:
+            return seed_tuple(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(str(exc)) from None
+
+    def with_seed(self, seed: SeedTuple) -> ExperimentSpec:
+        """This spec with its seed fixed (how a null seed is recorded once resolved)."""
+        return self.model_copy(update={"seed": seed_tuple(seed)})
+
+    def canonical_json(self) -> str:
+        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling."""
+        return canonical_json(self.model_dump(mode="json"))
+
+    def spec_hash(self) -> str:
+        """`sha256:<hex>` of the canonical JSON; equal specs hash equal however written."""
+        digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return f"{HASH_ALGORITHM}:{digest}"
+
+
+def _canonical_value(value: Any, path: str) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SpecError(f"{path}: numbers must be finite, got {value}")
+        # 1, 1.0 and 1e0 are one number; -0.0 and 0 too.
+        if value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _canonical_value(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical_value(v, f"{path}.{i}") for i, v in enumerate(value)]
+    raise SpecError(f"{path}: unsupported value of type {type(value).__name__}")
+
+
+def canonical_json(data: Any) -> str:
+    """Canonical JSON text for JSON-like data (floats use Python's shortest round-trip form)."""
+    return json.dumps(
+        _canonical_value(data, "$"),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def _error_location(loc: tuple[int | str, ...]) -> str:
+    # pydantic adds union-member tags ("int", "literal['autotune']") that mean nothing to users.
+    parts = [str(p) for p in loc if not re.fullmatch(r"[a-z-]+\[.*\]|int|str|bool|float", str(p))]
+    return ".".join(parts) or "$"
+
+
+def format_validation_error(exc: ValidationError) -> list[dict[str, str]]:
+    """One {"loc", "msg"} entry per problem, with dotted field paths."""
+    seen: set[tuple[str, str]] = set()
+    errors = []
+    for err in exc.errors(include_url=False):
+        entry = (_error_location(err["loc"]), err["msg"].removeprefix("Value error, "))
+        if entry not in seen:
+            seen.add(entry)
+            errors.append({"loc": entry[0], "msg": entry[1]})
+    return errors
+
+
+def parse_spec(data: Any) -> ExperimentSpec:
+    """Validate already-parsed spec data; raises SpecError listing every field problem."""
+    if not isinstance(data, Mapping):
+        raise SpecError(
+            "a spec must be a mapping", errors=[{"loc": "$", "msg": "expected a mapping"}]
+        )
+    try:
+        spec = ExperimentSpec.model_validate(dict(data))
+        spec.canonical_json()  # rejects NaN and non-JSON values inside free-form params
+    except ValidationError as exc:
+        errors = format_validation_error(exc)
+        lines = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+        raise SpecError(f"invalid spec: {lines}", errors=errors) from None
+    return spec
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-3` as a float, as JSON and YAML 1.2 do."""
+
+
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+        r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_spec_text(text: str | bytes, *, fmt: Literal["json", "yaml"] = "yaml") -> ExperimentSpec:
+    """Parse JSON or YAML text into a validated spec; malformed text raises SpecError."""
+    try:
+        data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=_SpecLoader)
+    except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError(
+            f"malformed {fmt.upper()}: {exc}", errors=[{"loc": "$", "msg": str(exc)}]
+        ) from None
+    return parse_spec(data)
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    """Read a spec file (.json, or YAML for anything else)."""
+    path = Path(path)
+    fmt: Literal["json", "yaml"] = "json" if path.suffix.lower() == ".json" else "yaml"
+    return parse_spec_text(path.read_bytes(), fmt=fmt)

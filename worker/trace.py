@@ -1,0 +1,106 @@
+"""Fingerprint traces and their comparison (pure Python: the API uses it to give verdicts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+PointKind = Literal["init", "step", "epoch"]
+_KIND_ORDER = {"init": 0, "step": 1, "epoch": 2}
+
+
+class TracePoint(BaseModel):
+    """The training state's fingerprint at one moment.
+
+    `epoch` is 1-based for points taken during or at the end of that epoch; the `init`
+    point (before any step) has epoch 0. `step` counts optimizer steps since the start.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: PointKind
+    epoch: int
+    step: int
+    fingerprint: str
+    variables: dict[str, str]
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """Position in training order; equal keys mean the same moment in two runs."""
+        return (self.epoch, self.step, _KIND_ORDER[self.kind])
+
+    def label(self) -> str:
+        """Human wording of the moment, e.g. 'end of epoch 3' or 'epoch 2, step 40'."""
+        if self.kind == "init":
+            return "initialisation"
+        if self.kind == "epoch":
+            return f"end of epoch {self.epoch}"
+        return f"epoch {self.epoch}, step {self.step}"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first trace point at which two runs differ, and how."""
+
+    index: int  # position among the points both traces have
+    point: TracePoint  # as recorded by the first run
+    changed: list[str]  # variables present in both with different digests
+    only_in_a: list[str]
+    only_in_b: list[str]
+
+    @property
+    def variables(self) -> list[str]:
+        """Every variable path that differs at this point."""
+        return self.changed + self.only_in_a + self.only_in_b
+
+
+@dataclass(frozen=True)
+class TraceComparison:
+    """Result of comparing two traces point by point."""
+
+    identical: bool
+    compared_points: int
+    first_divergence: Divergence | None
+    # Moments recorded by one run only (different granularity, or a shorter run).
+    unmatched_a: list[tuple[int, int, str]] = field(default_factory=list)
+    unmatched_b: list[tuple[int, int, str]] = field(default_factory=list)
+
+
+def _points(trace: Sequence[TracePoint | Mapping[str, Any]]) -> list[TracePoint]:
+    points = [p if isinstance(p, TracePoint) else TracePoint.model_validate(p) for p in trace]
+    return sorted(points, key=lambda p: p.key)
+
+
+def diff_variables(
+    a: Mapping[str, str], b: Mapping[str, str]
+) -> tuple[list[str], list[str], list[str]]:
+    """(changed, only in a, only in b) variable paths between two digest maps."""
+    changed = [path for path, digest in a.items() if path in b and b[path] != digest]
+    return changed, [p for p in a if p not in b], [p for p in b if p not in a]
+
+
+def compare_traces(
+    a: Sequence[TracePoint | Mapping[str, Any]], b: Sequence[TracePoint | Mapping[str, Any]]
+) -> TraceComparison:
+    """Compare at every moment both traces recorded; report the first that differs.
+
+    Identical means: the same moments recorded, and equal fingerprints at every one.
+    """
+    points_a, points_b = _points(a), _points(b)
+    by_key_b = {p.key: p for p in points_b}
+    keys_a = {p.key for p in points_a}
+    common = [p for p in points_a if p.key in by_key_b]
+    first: Divergence | None = None
+    for index, pa in enumerate(common):
+        pb = by_key_b[pa.key]
+        if pa.fingerprint != pb.fingerprint:
+            changed, only_a, only_b = diff_variables(pa.variables, pb.variables)
+            first = Divergence(index, pa, changed, only_a, only_b)
+            break
+    unmatched_a = [(p.epoch, p.step, p.kind) for p in points_a if p.key not in by_key_b]
+    unmatched_b = [(p.epoch, p.step, p.kind) for p in points_b if p.key not in keys_a]
+    identical = first is None and not unmatched_a and not unmatched_b and bool(common)
+    return TraceComparison(identical, len(common), first, unmatched_a, unmatched_b)

@@ -1,0 +1,304 @@
+"""The training loop of one job: build, (resume,) train, trace, checkpoint, fingerprint data."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from worker import checkpoint as ckpt_io
+from worker import determinism, registry
+from worker.batch_source import BatchSource, DataInfo
+from worker.errors import ArchitectureError, CheckpointError, GeneratorError
+from worker.fingerprint import fingerprint_state, training_state
+from worker.progress import ProgressReporter
+from worker.seeds import SeedTuple
+from worker.spec import ExperimentSpec
+from worker.stateless_dataset import AUTOTUNE, StatelessRngDataset
+from worker.trace import TracePoint
+
+EVAL_STREAM = 1  # fold-in key that keeps evaluation data apart from training data
+
+
+@dataclass
+class TrainingOutcome:
+    """What a finished training run hands to the result document."""
+
+    determinism: dict[str, Any]
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[TracePoint] = field(default_factory=list)
+    data_fingerprints: list[dict[str, Any]] = field(default_factory=list)
+    eval_data_fingerprint: str | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    resumed_from_epoch: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _xy(batch: Any, generator: str) -> tuple[tf.Tensor, tf.Tensor]:
+    if isinstance(batch, dict) and "x" in batch and "y" in batch:
+        return batch["x"], batch["y"]
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise GeneratorError(generator, "must return (x, y) or a mapping with keys 'x' and 'y'")
+
+
+def _batches(dataset: tf.data.Dataset, generator: str) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+    """The dataset's (x, y) pairs; a failure inside the generator names the generator."""
+    iterator = iter(dataset)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as exc:
+            raise GeneratorError(
+                generator, f"failed while generating a batch: {exc.message}"
+            ) from exc
+        yield _xy(batch, generator)
+
+
+def _data_info(data: StatelessRngDataset, source: BatchSource) -> DataInfo:
+    x, y = _xy(data.make_batch(0), data.name)
+    for what, t in (("x", x), ("y", y)):
+        if t.shape.rank == 0 or t.shape[0] != data.batch_size:
+            raise GeneratorError(
+                data.name,
+                f"{what} has shape {t.shape}; its first dimension must be the "
+                f"batch size {data.batch_size}",
+            )
+    return DataInfo(
+        x_shape=tuple(int(d) for d in x.shape[1:]),
+        x_dtype=x.dtype.name,
+        y_shape=tuple(int(d) for d in y.shape[1:]),
+        y_dtype=y.dtype.name,
+        num_classes=source.num_classes,
+        vocab_size=source.vocab_size,
+    )
+
+
+class Job:
+    """One experiment's model, optimizer, data and compiled steps."""
+
+    def __init__(self, spec: ExperimentSpec, seed: SeedTuple) -> None:
+        self.spec, self.seed = spec, seed
+        ds = spec.dataset
+        gen = registry.get_component("generator", ds.generator, loc="dataset.generator")
+        source = gen.load()(
+            gen.validate_params(ds.params, loc="dataset.params"), batch_size=ds.batch_size
+        )
+        if not isinstance(source, BatchSource):
+            raise GeneratorError(ds.generator, "its factory must return a BatchSource")
+        self.data = StatelessRngDataset(
+            source.batch_generator,
+            batch_size=ds.batch_size,
+            num_batches=ds.train_batches,
+            base_seed=seed,
+            num_parallel_calls=AUTOTUNE
+            if ds.num_parallel_calls == "autotune"
+            else ds.num_parallel_calls,
+            prefetch_buffer=AUTOTUNE if ds.prefetch == "autotune" else ds.prefetch,
+            deterministic_order=ds.deterministic_order,
+            xla_compile_generator=ds.xla,
+            assert_cardinality=True,
+            forbid_stateful_rng=spec.determinism.op_determinism,
+            name=ds.generator,
+        )
+        self.warnings: list[str] = []
+        if self.data.stateful_random_ops:
+            self.warnings.append(
+                f"generator {ds.generator!r} uses stateful RNG ops "
+                f"({', '.join(self.data.stateful_random_ops)}): its data is not reproducible"
+            )
+        self.eval_data = (
+            self.data.with_options(num_batches=ds.eval_batches, stream=EVAL_STREAM, epoch=0)
+            if ds.eval_batches
+            else None
+        )
+        info = _data_info(self.data, source)
+
+        keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
+        determinism.reseed(seed, "init")
+        arch = registry.get_component(
+            "architecture", spec.model.architecture, loc="model.architecture"
+        )
+        self.model = arch.load()(arch.validate_params(spec.model.params, loc="model.params"), info)
+        if not isinstance(self.model, keras.Model):
+            raise ArchitectureError(
+                f"architecture {spec.model.architecture!r} did not return a keras.Model"
+            )
+        tr = spec.training
+        self.optimizer = keras.optimizers.get(
+            {"class_name": registry.OPTIMIZERS[tr.optimizer.name], "config": tr.optimizer.params}
+        )
+        self.optimizer.build(self.model.trainable_variables)
+        self.loss_fn = keras.losses.get(
+            {"class_name": registry.LOSSES[tr.loss.name], "config": tr.loss.params}
+        )
+        self.state = training_state(self.model, self.optimizer)
+        self.train_metrics = self._metrics("")
+        self.eval_metrics = self._metrics("eval_")
+        self.train_step = tf.function(self._train_step, reduce_retracing=True)
+        self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
+
+    def _metrics(self, prefix: str) -> list[keras.metrics.Metric]:
+        metrics = [keras.metrics.Mean(name=f"{prefix}loss")]
+        for name in self.spec.training.metrics:
+            metrics.append(getattr(keras.metrics, registry.METRICS[name])(name=prefix + name))
+        return metrics
+
+    def _loss(self, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
+        out = self.model(x, training=training)
+        loss = self.loss_fn(y, out)
+        if training and self.model.losses:
+            loss += tf.add_n(self.model.losses)
+        return loss, out
+
+    def _train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss, out = self._loss(x, y, training=True)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        self._update(self.train_metrics, loss, y, out)
+        return loss
+
+    def _eval_step(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        loss, out = self._loss(x, y, training=False)
+        self._update(self.eval_metrics, loss, y, out)
+
+    @staticmethod
+    def _update(
+        metrics: list[keras.metrics.Metric], loss: tf.Tensor, y: tf.Tensor, out: tf.Tensor
+    ) -> None:
+        metrics[0].update_state(loss)
+        for metric in metrics[1:]:
+            metric.update_state(y, out)
+
+    def point(self, kind: str, epoch: int, step: int) -> TracePoint:
+        """A trace point of the current state."""
+        fp = fingerprint_state(self.state)
+        return TracePoint(
+            kind=kind, epoch=epoch, step=step, fingerprint=fp.fingerprint, variables=fp.variables
+        )
+
+
+def _read(metrics: list[keras.metrics.Metric]) -> dict[str, float]:
+    return {m.name: float(m.result()) for m in metrics}
+
+
+def run_training(
+    spec: ExperimentSpec,
+    *,
+    seed: SeedTuple,
+    checkpoint_dir: Path | None,
+    resume: bool,
+    reporter: ProgressReporter,
+) -> TrainingOutcome:
+    """Train the experiment (resuming from the newest checkpoint if asked) and trace it."""
+    t_start = time.monotonic()
+    record = determinism.apply(spec.determinism, seed)
+    job = Job(spec, seed)
+    out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
+    timings = {
+        "setup": time.monotonic() - t_start,
+        "training": 0.0,
+        "fingerprinting": 0.0,
+        "checkpointing": 0.0,
+    }
+    tr = spec.training
+    steps_per_epoch = spec.dataset.train_batches
+    spec_hash = spec.spec_hash()
+    first_epoch, step = 1, 0
+
+    if resume and checkpoint_dir is not None:
+        ckpt, skipped = ckpt_io.load_latest(checkpoint_dir, spec_hash=spec_hash)
+        out.warnings += skipped
+        if ckpt is not None:
+            ckpt_io.restore(ckpt, job.state)
+            restored = fingerprint_state(job.state).fingerprint
+            if restored != ckpt.meta["fingerprint"]:
+                raise CheckpointError(
+                    f"{ckpt.path.name}: restored state has fingerprint "
+                    f"{restored}, expected {ckpt.meta['fingerprint']}"
+                )
+            first_epoch, step = ckpt.epoch + 1, ckpt.step
+            out.trace = [TracePoint.model_validate(p) for p in ckpt.meta["trace"]]
+            out.metrics = list(ckpt.meta["metrics"])
+            out.checkpoints = list(ckpt.meta["checkpoints"])
+            out.resumed_from_epoch = ckpt.epoch
+            reporter.emit("resumed", epoch=ckpt.epoch, step=step)
+    if not out.trace:
+        out.trace.append(job.point("init", 0, 0))
+
+    for epoch in range(first_epoch, tr.epochs + 1):
+        t_epoch = time.monotonic()
+        determinism.reseed(seed, "epoch", epoch)
+        for metric in job.train_metrics + job.eval_metrics:
+            metric.reset_state()
+        reporter.emit("epoch_start", epoch=epoch, epochs=tr.epochs)
+        for batch_in_epoch, (x, y) in enumerate(
+            _batches(job.data.for_epoch(epoch).as_dataset(), job.data.name), start=1
+        ):
+            loss = job.train_step(x, y)
+            step += 1
+            if reporter.step_due():
+                reporter.step(
+                    epoch=epoch,
+                    epochs=tr.epochs,
+                    batch=batch_in_epoch,
+                    batches=steps_per_epoch,
+                    step=step,
+                    loss=float(loss),
+                )
+            if tr.fingerprint_every_steps and step % tr.fingerprint_every_steps == 0:
+                t_fp = time.monotonic()
+                out.trace.append(job.point("step", epoch, step))
+                timings["fingerprinting"] += time.monotonic() - t_fp
+        row: dict[str, Any] = {"epoch": epoch, "step": step, **_read(job.train_metrics)}
+        if job.eval_data is not None:
+            for x, y in _batches(job.eval_data.as_dataset(), job.data.name):
+                job.eval_step(x, y)
+            row.update(_read(job.eval_metrics))
+        t_fp = time.monotonic()
+        out.trace.append(job.point("epoch", epoch, step))
+        timings["fingerprinting"] += time.monotonic() - t_fp
+        row["seconds"] = round(time.monotonic() - t_epoch, 6)
+        out.metrics.append(row)
+        reporter.emit("epoch_end", **row, fingerprint=out.trace[-1].fingerprint)
+        if checkpoint_dir is not None and (
+            epoch % tr.checkpoint_every_epochs == 0 or epoch == tr.epochs
+        ):
+            t_ck = time.monotonic()
+            name = f"epoch-{epoch:06d}.json"
+            meta = {
+                "spec_hash": spec_hash,
+                "seed": list(seed),
+                "fingerprint": out.trace[-1].fingerprint,
+                "trace": [p.model_dump() for p in out.trace],
+                "metrics": out.metrics,
+                "checkpoints": [*out.checkpoints, name],
+            }
+            ckpt_io.save_checkpoint(
+                checkpoint_dir, epoch=epoch, step=step, state=job.state, meta=meta
+            )
+            out.checkpoints.append(name)
+            timings["checkpointing"] += time.monotonic() - t_ck
+            reporter.emit("checkpoint", epoch=epoch, path=name)
+        timings["training"] += time.monotonic() - t_epoch
+
+    # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
+    t_data = time.monotonic()
+    out.data_fingerprints = [
+        {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
+        for e in range(1, tr.epochs + 1)
+    ]
+    if job.eval_data is not None:
+        out.eval_data_fingerprint = job.eval_data.data_fingerprint()
+    timings["data_fingerprints"] = time.monotonic() - t_data
+    out.timings = {k: round(v, 6) for k, v in timings.items()}
+    return out
