@@ -2,7 +2,8 @@
 
 A variable's digest covers (path, dtype, shape, little-endian bytes); a state's
 fingerprint is `<algorithm>:<hex>` over the ordered (path, variable digest) entries.
-Needs NumPy and blake3 only: Keras variables are read through `.path` and `.numpy()`.
+Needs NumPy and blake3 only: variables are read through `.path` and `.numpy()`, or through
+`read_value()` when they have it (TensorFlow and Keras variables), which avoids a copy.
 """
 
 from __future__ import annotations
@@ -124,11 +125,27 @@ def training_state(model: Any, optimizer: Any | None = None) -> list[tuple[str, 
     return list(zip(paths, variables, strict=True))
 
 
+def _read_variable(variable: _Variable) -> np.ndarray:
+    """The current value of a variable, equal to `np.asarray(variable.numpy())`.
+
+    TensorFlow's `.numpy()` copies the whole buffer, which takes longer than hashing it.
+    `read_value()` returns a tensor sharing the variable's buffer (TensorFlow copies on
+    write while such a tensor is alive, so it stays a snapshot) and NumPy views a CPU
+    tensor without copying. A Keras variable holds its backend variable in `.value`,
+    which is also what its `.numpy()` reads.
+    """
+    for holder in (getattr(variable, "value", None), variable):
+        read_value = getattr(holder, "read_value", None)
+        if callable(read_value):
+            return np.asarray(read_value())
+    return np.asarray(variable.numpy())
+
+
 def fingerprint_state(
     state: Sequence[tuple[str, _Variable]], algorithm: str = DEFAULT_ALGORITHM
 ) -> StateFingerprint:
     """Fingerprint of `training_state(...)` entries, read from the variables now."""
-    return fingerprint_arrays(((path, v.numpy()) for path, v in state), algorithm)
+    return fingerprint_arrays(((path, _read_variable(v)) for path, v in state), algorithm)
 
 
 class StreamDigest:

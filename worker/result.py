@@ -37,7 +37,7 @@ class JobResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal[1] = RESULT_FORMAT
-    status: Literal["succeeded", "failed"]
+    status: Literal["succeeded", "failed", "interrupted"]
     spec_hash: str | None = None
     seed: list[int] | None = None
     seed_source: Literal["spec", "generated"] | None = None
@@ -52,6 +52,7 @@ class JobResult(BaseModel):
     eval_data_fingerprint: str | None = None
     checkpoints: list[str] = Field(default_factory=list)
     resumed_from_epoch: int | None = None
+    interrupted_after_epoch: int | None = None
     warnings: list[str] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
     error: JobError | None = None

@@ -5,19 +5,23 @@ Options: `--checkpoint-dir D` keeps epoch checkpoints; `--resume` continues from
 The process re-executes itself once if its environment lacks what determinism needs
 (PYTHONHASHSEED and thread variables only count at interpreter start). A result
 document is always written, also when the spec is invalid or training raises.
-Exit codes: 0 succeeded, 1 training failed, 2 invalid spec or arguments.
+SIGTERM asks the job to stop at the end of the current epoch: it checkpoints that epoch
+and writes an `interrupted` result (a second SIGTERM ends it at once).
+Exit codes: 0 succeeded, 1 training failed, 2 invalid spec or arguments, 3 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from worker.errors import ReproError, SpecError
+from worker.errors import SpecError
 from worker.progress import ProgressReporter
 from worker.result import DataFingerprint, JobError, JobResult, write_result
 from worker.seeds import resolve_seed
@@ -25,10 +29,11 @@ from worker.spec import ExperimentSpec, load_spec
 
 _REEXEC_MARK = "REPRO_JOB_REEXEC"
 _STARTED = time.monotonic()
+EXIT_CODES = {"succeeded": 0, "failed": 1, "invalid": 2, "interrupted": 3}
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m worker.run", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m worker.run", description="Run one training job.")
     p.add_argument("--spec", required=True, type=Path, help="experiment spec (YAML or JSON)")
     p.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
     p.add_argument("--checkpoint-dir", type=Path, help="directory for epoch checkpoints")
@@ -36,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue from the newest intact checkpoint in --checkpoint-dir",
+    )
+    p.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        metavar="K",
+        help="checkpoint after epoch K and stop with status 'interrupted'",
     )
     return p
 
@@ -52,21 +63,44 @@ def _reexec_if_needed(spec: ExperimentSpec, argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "worker.run", *argv], env)
 
 
-def _failure(exc: BaseException, result: JobResult) -> JobResult:
-    errors = exc.errors if isinstance(exc, SpecError) else []
+def _failure(exc: BaseException, result: JobResult, phase: str | None = None) -> JobResult:
     result.status = "failed"
     result.error = JobError(
         type=type(exc).__name__,
         message=str(exc),
-        phase="spec" if isinstance(exc, SpecError) else "training",
+        phase=phase or ("spec" if isinstance(exc, SpecError) else "training"),
         traceback=traceback.format_exc(),
-        errors=errors,
+        errors=exc.errors if isinstance(exc, SpecError) else [],
     )
     return result
 
 
+class StopRequest:
+    """Remembers SIGTERM (or a fixed epoch) so training stops at the next epoch end."""
+
+    def __init__(self, after_epoch: int | None = None) -> None:
+        self.after_epoch = after_epoch
+        self.signalled = False
+
+    def install(self) -> None:
+        """Handle SIGTERM in this process."""
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.signalled = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the job now
+
+    def __call__(self, epoch: int) -> bool:
+        return self.signalled or (self.after_epoch is not None and epoch >= self.after_epoch)
+
+
 def run_job(
-    spec: ExperimentSpec, *, checkpoint_dir: Path | None, resume: bool, reporter: ProgressReporter
+    spec: ExperimentSpec,
+    *,
+    checkpoint_dir: Path | None,
+    resume: bool,
+    reporter: ProgressReporter,
+    stop_requested: Callable[[int], bool] = lambda epoch: False,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -87,29 +121,41 @@ def run_job(
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         startup = time.monotonic() - _STARTED
         outcome = run_training(
-            resolved, seed=seed, checkpoint_dir=checkpoint_dir, resume=resume, reporter=reporter
+            resolved,
+            seed=seed,
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+            reporter=reporter,
+            stop_requested=stop_requested,
         )
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
         )
+        every = resolved.training.fingerprint_every_steps
+        interrupted = outcome.interrupted_after_epoch
         result.determinism = outcome.determinism
         result.metrics = outcome.metrics
         result.trace = outcome.trace
-        every = resolved.training.fingerprint_every_steps
         result.trace_granularity = f"steps:{every}" if every else "epoch"
-        result.final_fingerprint = outcome.trace[-1].fingerprint
+        result.final_fingerprint = None if interrupted else outcome.trace[-1].fingerprint
         result.data_fingerprints = [DataFingerprint(**d) for d in outcome.data_fingerprints]
         result.eval_data_fingerprint = outcome.eval_data_fingerprint
-        result.checkpoints = (
-            [str(checkpoint_dir / c) for c in outcome.checkpoints] if checkpoint_dir else []
-        )
+        if checkpoint_dir is not None:
+            result.checkpoints = [str(checkpoint_dir / c) for c in outcome.checkpoints]
         result.resumed_from_epoch = outcome.resumed_from_epoch
+        result.interrupted_after_epoch = interrupted
         result.warnings = outcome.warnings
         result.timings = {"startup": round(startup, 6), **outcome.timings}
-        result.status = "succeeded"
+        result.status = "interrupted" if interrupted else "succeeded"
     except Exception as exc:  # the job's error goes into its result; the process survives
         _failure(exc, result)
     return result
+
+
+def _exit_code(result: JobResult) -> int:
+    if result.error is not None and result.error.phase == "spec":
+        return EXIT_CODES["invalid"]
+    return EXIT_CODES[result.status]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,19 +164,22 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     reporter = ProgressReporter()
     try:
+        if args.resume and args.checkpoint_dir is None:
+            raise SpecError("--resume needs --checkpoint-dir")
         spec = load_spec(args.spec)
     except (SpecError, OSError) as exc:
-        write_result(_failure(exc, JobResult(status="failed")), args.out)
-        reporter.emit("finished", status="failed", error=str(exc))
-        return 2
-    if args.resume and args.checkpoint_dir is None:
-        exc = ReproError("--resume needs --checkpoint-dir")
-        write_result(_failure(exc, JobResult(status="failed")), args.out)
-        return 2
-    _reexec_if_needed(spec, argv)
-    result = run_job(
-        spec, checkpoint_dir=args.checkpoint_dir, resume=args.resume, reporter=reporter
-    )
+        result = _failure(exc, JobResult(status="failed"), phase="spec")
+    else:
+        _reexec_if_needed(spec, argv)
+        stop = StopRequest(args.stop_after_epoch)
+        stop.install()
+        result = run_job(
+            spec,
+            checkpoint_dir=args.checkpoint_dir,
+            resume=args.resume,
+            reporter=reporter,
+            stop_requested=stop,
+        )
     write_result(result, args.out)
     reporter.emit(
         "finished",
@@ -138,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         fingerprint=result.final_fingerprint,
         error=result.error.message if result.error else None,
     )
-    if result.error is not None and result.error.phase == "spec":
-        return 2
-    return 0 if result.status == "succeeded" else 1
+    return _exit_code(result)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,8 @@ class StatelessRngDataset:
         ds = ds.map(
             self.make_batch,
             num_parallel_calls=self.num_parallel_calls,
-            deterministic=self.deterministic_order,
+            # Serial maps are ordered anyway, and tf.data warns if told so.
+            deterministic=self.deterministic_order if self.num_parallel_calls else None,
             name="generate",
         )
         if self.assert_cardinality:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ class TrainingOutcome:
     eval_data_fingerprint: str | None = None
     checkpoints: list[str] = field(default_factory=list)
     resumed_from_epoch: int | None = None
+    interrupted_after_epoch: int | None = None  # set when a stop request ended training early
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -198,8 +199,13 @@ def run_training(
     checkpoint_dir: Path | None,
     resume: bool,
     reporter: ProgressReporter,
+    stop_requested: Callable[[int], bool] = lambda epoch: False,
 ) -> TrainingOutcome:
-    """Train the experiment (resuming from the newest checkpoint if asked) and trace it."""
+    """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
+
+    `stop_requested(epoch)` is asked after each epoch; when it says yes, training
+    checkpoints that epoch and returns early with `interrupted_after_epoch` set.
+    """
     t_start = time.monotonic()
     record = determinism.apply(spec.determinism, seed)
     job = Job(spec, seed)
@@ -270,8 +276,9 @@ def run_training(
         row["seconds"] = round(time.monotonic() - t_epoch, 6)
         out.metrics.append(row)
         reporter.emit("epoch_end", **row, fingerprint=out.trace[-1].fingerprint)
+        stopping = epoch < tr.epochs and stop_requested(epoch)
         if checkpoint_dir is not None and (
-            epoch % tr.checkpoint_every_epochs == 0 or epoch == tr.epochs
+            epoch % tr.checkpoint_every_epochs == 0 or epoch == tr.epochs or stopping
         ):
             t_ck = time.monotonic()
             name = f"epoch-{epoch:06d}.json"
@@ -290,12 +297,16 @@ def run_training(
             timings["checkpointing"] += time.monotonic() - t_ck
             reporter.emit("checkpoint", epoch=epoch, path=name)
         timings["training"] += time.monotonic() - t_epoch
+        if stopping:
+            out.interrupted_after_epoch = epoch
+            reporter.emit("interrupted", epoch=epoch, step=step)
+            break
 
     # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
     t_data = time.monotonic()
     out.data_fingerprints = [
         {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
-        for e in range(1, tr.epochs + 1)
+        for e in range(1, (out.interrupted_after_epoch or tr.epochs) + 1)
     ]
     if job.eval_data is not None:
         out.eval_data_fingerprint = job.eval_data.data_fingerprint()
