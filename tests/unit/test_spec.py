@@ -183,3 +183,15 @@ def test_with_seed_fixes_a_null_seed_and_changes_the_hash() -> None:
     assert fixed.seed == (5, 6)
     assert fixed.spec_hash() != spec.spec_hash()
     assert isinstance(ExperimentSpec.model_validate_json(fixed.canonical_json()), ExperimentSpec)
+
+
+def test_every_example_spec_is_valid() -> None:
+    from pathlib import Path
+
+    from worker.registry import check_spec
+    from worker.spec import load_spec
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").iterdir())
+    assert len(examples) >= 4
+    for path in examples:
+        check_spec(load_spec(path))

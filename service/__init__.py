@@ -1,0 +1,1 @@
+"""Reprotrain service: the command line today; the API and dashboard build on it."""

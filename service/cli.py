@@ -1,0 +1,214 @@
+"""`repro`: validate specs, run jobs in fresh processes, and verify reruns bit for bit."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from worker.errors import SpecError
+from worker.executor import run_process_job
+from worker.result import JobResult, read_result
+from worker.spec import load_spec
+from worker.trace import compare_traces
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+err = Console(stderr=True)
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+@app.command()
+def validate(spec: Path, as_json: JsonFlag = False) -> None:
+    """Check a spec (fields and component names) and print its hash."""
+    from worker.registry import check_spec
+
+    try:
+        parsed = load_spec(spec)
+        check_spec(parsed)
+    except (SpecError, OSError) as exc:
+        errors = getattr(exc, "errors", [])
+        if as_json:
+            _emit_json({"valid": False, "error": str(exc), "errors": errors})
+        else:
+            err.print(f"[red]invalid:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        _emit_json({"valid": True, "spec_hash": parsed.spec_hash()})
+    else:
+        typer.echo(f"valid  {parsed.spec_hash()}")
+
+
+def _run_with_progress(
+    spec: Path,
+    out: Path,
+    label: str,
+    *,
+    quiet: bool,
+    checkpoint_dir: Path | None = None,
+    resume: bool = False,
+) -> tuple[int, JobResult]:
+    with Progress(
+        TextColumn(f"{label} [progress.description]{{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task("starting (TensorFlow import)", total=None)
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event["event"] == "started":
+                bar.update(task, description="training")
+            elif event["event"] == "step":
+                total = event["epochs"] * event["batches"]
+                bar.update(
+                    task,
+                    total=total,
+                    completed=event["step"],
+                    description=f"epoch {event['epoch']}/{event['epochs']} "
+                    f"loss {event['loss']:.4f}",
+                )
+            elif event["event"] == "epoch_end":
+                bar.update(task, completed=event["step"])
+            elif event["event"] == "finished":
+                bar.update(task, description=event["status"])
+
+        return run_process_job(
+            spec, out, checkpoint_dir=checkpoint_dir, resume=resume, on_event=on_event
+        )
+
+
+@app.command()
+def run(
+    spec: Path,
+    out: Annotated[Path, typer.Option(help="result document to write")] = Path("result.json"),
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="keep epoch checkpoints here")] = None,
+    resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Train one experiment in a fresh process and write its result document."""
+    code, result = _run_with_progress(
+        spec, out, "run", quiet=as_json, checkpoint_dir=checkpoint_dir, resume=resume
+    )
+    if as_json:
+        _emit_json(result.model_dump(mode="json", exclude={"provenance", "trace"}))
+    elif result.status == "succeeded":
+        typer.echo(f"succeeded  {result.final_fingerprint}  (result: {out})")
+    else:
+        message = result.error.message if result.error else result.status
+        err.print(f"[red]{result.status}:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def verdict(a: JobResult, b: JobResult) -> dict[str, Any]:
+    """`identical`, or `diverged` with where, in which variables, and data or compute."""
+    if a.status != "succeeded" or b.status != "succeeded":
+        return {"verdict": "incomparable", "reason": "a run did not succeed"}
+    if a.spec_hash != b.spec_hash:
+        return {"verdict": "incomparable", "reason": "the runs have different specs"}
+    comparison = compare_traces(a.trace, b.trace)
+    if comparison.identical and a.final_fingerprint == b.final_fingerprint:
+        return {
+            "verdict": "identical",
+            "fingerprint": a.final_fingerprint,
+            "points": comparison.compared_points,
+        }
+    report: dict[str, Any] = {"verdict": "diverged"}
+    div = comparison.first_divergence
+    if div is not None:
+        report.update(
+            at=div.point.label(),
+            epoch=div.point.epoch,
+            step=div.point.step,
+            variables=div.variables,
+        )
+    data_a = {d.epoch: d.fingerprint for d in a.data_fingerprints}
+    data_b = {d.epoch: d.fingerprint for d in b.data_fingerprints}
+    differing = sorted(e for e in data_a if data_b.get(e) != data_a[e])
+    report["data_epochs_differing"] = differing
+    report["cause"] = "input data differed" if differing else "computation differed (data equal)"
+    return report
+
+
+def _describe(report: dict[str, Any]) -> str:
+    if report["verdict"] == "identical":
+        return f"identical  {report['fingerprint']}  ({report['points']} trace points equal)"
+    if report["verdict"] == "incomparable":
+        return f"incomparable: {report['reason']}"
+    where = report.get("at", "final state")
+    names = ", ".join(report.get("variables", [])[:5])
+    return f"diverged at {where} in {names or '(no variable list)'}; {report['cause']}"
+
+
+@app.command()
+def compare(a: Path, b: Path, as_json: JsonFlag = False) -> None:
+    """Compare two result documents; exit 0 if identical, 1 otherwise."""
+    report = verdict(read_result(a), read_result(b))
+    if as_json:
+        _emit_json(report)
+    else:
+        typer.echo(_describe(report))
+    raise typer.Exit(0 if report["verdict"] == "identical" else 1)
+
+
+@app.command()
+def verify(
+    spec: Annotated[Path | None, typer.Argument(help="spec to run twice")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="keep results here")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run an experiment and its rerun, each in a fresh process, and give the verdict.
+
+    Without SPEC, runs the bundled seed-001 example. Exit 0 when identical.
+    """
+    spec = spec or EXAMPLES / "seed001.yaml"
+    if not spec.exists():
+        err.print(f"[red]no such spec:[/red] {spec}")
+        raise typer.Exit(2)
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="repro-verify-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    first_code, first = _run_with_progress(spec, workdir / "run.json", "run  ", quiet=as_json)
+    if first.status != "succeeded":
+        message = first.error.message if first.error else first.status
+        err.print(f"[red]run failed:[/red] {message}")
+        raise typer.Exit(first_code or 1)
+    # The rerun pins the seed the first run resolved, as a rerun by id does.
+    pinned = workdir / "rerun-spec.json"
+    pinned.write_text(json.dumps(first.spec))
+    _, rerun = _run_with_progress(pinned, workdir / "rerun.json", "rerun", quiet=as_json)
+    report = verdict(first, rerun)
+    if as_json:
+        _emit_json(
+            {**report, "run": str(workdir / "run.json"), "rerun": str(workdir / "rerun.json")}
+        )
+    else:
+        typer.echo(
+            f"experiment  {first.spec['name'] if first.spec else spec}  "
+            f"seed {first.seed}  spec {first.spec_hash}"
+        )
+        typer.echo(f"run         {first.final_fingerprint}")
+        typer.echo(f"rerun       {rerun.final_fingerprint}")
+        typer.echo(f"verdict     {_describe(report)}")
+    raise typer.Exit(0 if report["verdict"] == "identical" else 1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
