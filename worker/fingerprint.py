@@ -31,7 +31,7 @@ def new_hash(algorithm: str = DEFAULT_ALGORITHM, *, size_hint: int = 0) -> _Hash
     """A fresh hash object of a named algorithm."""
     if algorithm == "blake3":
         threads = blake3.blake3.AUTO if size_hint >= _THREADED_HASH_BYTES else 1
-        return blake3.blake3(max_threads=threads)  # type: ignore[no-any-return]
+        return blake3.blake3(max_threads=threads)
     if algorithm == "sha256":
         return hashlib.sha256()
     raise ValueError(f"unknown hash algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")

@@ -36,7 +36,7 @@ class JobResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal[1] = RESULT_FORMAT
+    format: Literal[1] = 1
     status: Literal["succeeded", "failed", "interrupted"]
     spec_hash: str | None = None
     seed: list[int] | None = None

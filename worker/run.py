@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from worker.errors import SpecError
 from worker.progress import ProgressReporter
@@ -63,7 +64,9 @@ def _reexec_if_needed(spec: ExperimentSpec, argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "worker.run", *argv], env)
 
 
-def _failure(exc: BaseException, result: JobResult, phase: str | None = None) -> JobResult:
+def _failure(
+    exc: BaseException, result: JobResult, phase: Literal["spec", "training"] | None = None
+) -> JobResult:
     result.status = "failed"
     result.error = JobError(
         type=type(exc).__name__,

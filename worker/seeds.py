@@ -27,6 +27,8 @@ def seed_tuple(seed: int | Sequence[int]) -> SeedTuple:
     """
     if isinstance(seed, int) and not isinstance(seed, bool):
         return (check_seed_part(seed), 0)
+    if isinstance(seed, bool):
+        raise ValueError("a seed is an integer or a pair of integers, not a boolean")
     parts = list(seed)
     if len(parts) != 2:
         raise ValueError(f"a seed pair has exactly two integers, got {len(parts)}")

@@ -128,7 +128,7 @@ class EnvironmentSpec(_Strict):
 class ExperimentSpec(_Strict):
     """One experiment: everything needed to train it again bit for bit."""
 
-    version: Literal[1] = SPEC_VERSION
+    version: Literal[1] = 1
     name: str = Field(min_length=1, max_length=200)
     seed: SeedTuple | None = None
     dataset: DatasetSpec

@@ -94,7 +94,7 @@ class StatelessRngDataset:
         self.epoch = int(epoch)
         self.shard_key = shard_key
         self.stream = int(stream)
-        self.name = name or getattr(batch_generator, "__name__", "batch_generator")
+        self.name: str = name or str(getattr(batch_generator, "__name__", "batch_generator"))
         self._raw_generator = batch_generator
         self._seed: SeedTuple = resolve_seed(base_seed)
         self._generator = tf.function(

@@ -65,8 +65,8 @@ class TraceComparison:
     compared_points: int
     first_divergence: Divergence | None
     # Moments recorded by one run only (different granularity, or a shorter run).
-    unmatched_a: list[tuple[int, int, str]] = field(default_factory=list)
-    unmatched_b: list[tuple[int, int, str]] = field(default_factory=list)
+    unmatched_a: list[tuple[int, int, PointKind]] = field(default_factory=list)
+    unmatched_b: list[tuple[int, int, PointKind]] = field(default_factory=list)
 
 
 def _points(trace: Sequence[TracePoint | Mapping[str, Any]]) -> list[TracePoint]:

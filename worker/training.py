@@ -20,7 +20,7 @@ from worker.progress import ProgressReporter
 from worker.seeds import SeedTuple
 from worker.spec import ExperimentSpec
 from worker.stateless_dataset import AUTOTUNE, StatelessRngDataset
-from worker.trace import TracePoint
+from worker.trace import PointKind, TracePoint
 
 EVAL_STREAM = 1  # fold-in key that keeps evaluation data apart from training data
 
@@ -180,7 +180,7 @@ class Job:
         for metric in metrics[1:]:
             metric.update_state(y, out)
 
-    def point(self, kind: str, epoch: int, step: int) -> TracePoint:
+    def point(self, kind: PointKind, epoch: int, step: int) -> TracePoint:
         """A trace point of the current state."""
         fp = fingerprint_state(self.state)
         return TracePoint(

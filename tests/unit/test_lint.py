@@ -23,3 +23,14 @@ def test_ruff_check() -> None:
 def test_ruff_format() -> None:
     done = _ruff("format", "--check", ".")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "worker", "service"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
