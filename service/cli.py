@@ -16,7 +16,7 @@ from worker.errors import SpecError
 from worker.executor import run_process_job
 from worker.result import JobResult, read_result
 from worker.spec import load_spec
-from worker.trace import compare_traces
+from worker.verdict import compare_runs, describe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 err = Console(stderr=True)
@@ -114,43 +114,19 @@ def run(
 
 
 def verdict(a: JobResult, b: JobResult) -> dict[str, Any]:
-    """`identical`, or `diverged` with where, in which variables, and data or compute."""
+    """The verdict for two result documents (incomparable if one failed or specs differ)."""
     if a.status != "succeeded" or b.status != "succeeded":
         return {"verdict": "incomparable", "reason": "a run did not succeed"}
     if a.spec_hash != b.spec_hash:
         return {"verdict": "incomparable", "reason": "the runs have different specs"}
-    comparison = compare_traces(a.trace, b.trace)
-    if comparison.identical and a.final_fingerprint == b.final_fingerprint:
-        return {
-            "verdict": "identical",
-            "fingerprint": a.final_fingerprint,
-            "points": comparison.compared_points,
-        }
-    report: dict[str, Any] = {"verdict": "diverged"}
-    div = comparison.first_divergence
-    if div is not None:
-        report.update(
-            at=div.point.label(),
-            epoch=div.point.epoch,
-            step=div.point.step,
-            variables=div.variables,
-        )
-    data_a = {d.epoch: d.fingerprint for d in a.data_fingerprints}
-    data_b = {d.epoch: d.fingerprint for d in b.data_fingerprints}
-    differing = sorted(e for e in data_a if data_b.get(e) != data_a[e])
-    report["data_epochs_differing"] = differing
-    report["cause"] = "input data differed" if differing else "computation differed (data equal)"
-    return report
-
-
-def _describe(report: dict[str, Any]) -> str:
-    if report["verdict"] == "identical":
-        return f"identical  {report['fingerprint']}  ({report['points']} trace points equal)"
-    if report["verdict"] == "incomparable":
-        return f"incomparable: {report['reason']}"
-    where = report.get("at", "final state")
-    names = ", ".join(report.get("variables", [])[:5])
-    return f"diverged at {where} in {names or '(no variable list)'}; {report['cause']}"
+    return compare_runs(
+        trace_a=a.trace,
+        trace_b=b.trace,
+        final_a=a.final_fingerprint,
+        final_b=b.final_fingerprint,
+        data_a={d.epoch: d.fingerprint for d in a.data_fingerprints},
+        data_b={d.epoch: d.fingerprint for d in b.data_fingerprints},
+    )
 
 
 @app.command()
@@ -160,7 +136,7 @@ def compare(a: Path, b: Path, as_json: JsonFlag = False) -> None:
     if as_json:
         _emit_json(report)
     else:
-        typer.echo(_describe(report))
+        typer.echo(describe(report))
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
 
 
@@ -201,7 +177,7 @@ def verify(
         )
         typer.echo(f"run         {first.final_fingerprint}")
         typer.echo(f"rerun       {rerun.final_fingerprint}")
-        typer.echo(f"verdict     {_describe(report)}")
+        typer.echo(f"verdict     {describe(report)}")
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
 
 

@@ -48,3 +48,7 @@ class DeterminismError(ReproError):
 
 class CheckpointError(ReproError):
     """A checkpoint is missing, corrupt or belongs to another experiment."""
+
+
+class MalformedSpecError(SpecError):
+    """The spec text is not well-formed JSON or YAML."""

@@ -24,7 +24,7 @@ from pydantic import (
     field_validator,
 )
 
-from worker.errors import SpecError
+from worker.errors import MalformedSpecError, SpecError
 from worker.seeds import SeedTuple, seed_tuple
 
 SPEC_VERSION = 1
@@ -253,7 +253,7 @@ def parse_spec_text(text: str | bytes, *, fmt: Literal["json", "yaml"] = "yaml")
     try:
         data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=_SpecLoader)
     except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SpecError(
+        raise MalformedSpecError(
             f"malformed {fmt.upper()}: {exc}", errors=[{"loc": "$", "msg": str(exc)}]
         ) from None
     return parse_spec(data)

@@ -70,7 +70,8 @@ def test_verify_runs_example_and_rerun_and_compare_explains_a_divergence(tmp_pat
     diverged = repro("compare", str(run), str(planted), "--json", cwd=tmp_path)
     assert diverged.returncode == 1
     verdict = json.loads(diverged.stdout)
-    assert verdict["verdict"] == "diverged" and verdict["at"] == "end of epoch 2"
+    assert verdict["verdict"] == "diverged"
+    assert verdict["first_divergence"]["label"] == "end of epoch 2"
     assert verdict["variables"] == ["model/output/bias"]
     assert verdict["cause"] == "computation differed (data equal)"
 

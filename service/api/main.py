@@ -1,0 +1,40 @@
+"""The versioned API router and the one place domain errors become HTTP responses."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from service.api.routes import experiments, runs, workers
+from service.errors import ServiceError
+
+api_router = APIRouter(prefix="/api/v1")
+api_router.include_router(experiments.router)
+api_router.include_router(runs.router)
+api_router.include_router(workers.router)
+
+
+async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    body: dict[str, object] = {"detail": str(exc)}
+    if exc.errors:
+        body["errors"] = exc.errors
+    return JSONResponse(body, status_code=exc.status_code)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors()
+    ]
+    # A body that is not JSON at all is malformed (400), not a field problem (422).
+    status = 400 if any(e["type"] == "json_invalid" for e in errors) else 422
+    return JSONResponse({"detail": "invalid request", "errors": errors}, status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map ServiceError subclasses and request validation to their HTTP statuses."""
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,0 +1,90 @@
+"""Submitting and listing experiments."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy import func, select
+
+from service import experiments as svc
+from service.api.deps import SessionDep, SettingsDep
+from service.api.views import run_out
+from service.errors import BodyTooLarge, UnsupportedMediaType
+from service.models import Experiment
+from service.schemas import ExperimentOut, Page, SubmitOut
+
+router = APIRouter(prefix="/experiments", tags=["experiments"])
+
+_FORMATS: dict[str, Literal["json", "yaml"]] = {
+    "application/json": "json",
+    "application/yaml": "yaml",
+    "application/x-yaml": "yaml",
+    "text/yaml": "yaml",
+    "text/x-yaml": "yaml",
+    "": "yaml",  # YAML is a superset of JSON
+}
+
+_SPEC_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"type": "object"}},
+        "application/yaml": {"schema": {"type": "string"}},
+    },
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=SubmitOut,
+    openapi_extra={"requestBody": _SPEC_BODY},
+    responses={200: {"model": SubmitOut, "description": "idempotent replay"}},
+)
+async def submit(
+    request: Request,
+    response: Response,
+    db: SessionDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> SubmitOut:
+    """Validate a spec (JSON or YAML), store it with its resolved seed, queue its first run."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in _FORMATS:
+        raise UnsupportedMediaType(f"send the spec as JSON or YAML, not {content_type!r}")
+    body = await request.body()
+    if len(body) > settings.max_body_bytes:
+        raise BodyTooLarge(f"spec larger than {settings.max_body_bytes} bytes")
+    spec = svc.parse_submission(body, _FORMATS[content_type])
+    experiment, run, created = svc.create_experiment(
+        db=db,
+        spec=spec,
+        idempotency_key=idempotency_key,
+        request_hash=svc.body_hash(body, content_type) if idempotency_key else None,
+    )
+    if not created:
+        response.status_code = 200
+    return SubmitOut(experiment=ExperimentOut.model_validate(experiment), run=run_out(db, run))
+
+
+@router.get("", response_model=Page[ExperimentOut])
+def list_experiments(
+    db: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[ExperimentOut]:
+    """Experiments, newest first."""
+    total = db.scalar(select(func.count(Experiment.id))) or 0
+    rows = db.scalars(select(Experiment).order_by(Experiment.id.desc()).limit(limit).offset(offset))
+    return Page(
+        items=[ExperimentOut.model_validate(e) for e in rows],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/{experiment_id}", response_model=ExperimentOut)
+def get_experiment(experiment_id: int, db: SessionDep) -> ExperimentOut:
+    """One experiment."""
+    return ExperimentOut.model_validate(svc.get_experiment(db, experiment_id))

@@ -1,0 +1,23 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from sqlalchemy import text
+
+from service.api.deps import SessionDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(db: SessionDep) -> dict[str, str]:
+    """The database answers."""
+    db.execute(text("SELECT 1"))
+    return {"status": "ready"}

@@ -1,0 +1,107 @@
+"""Runs: listing, detail, rerun by id, cancel, and live progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy import func, select
+from starlette.concurrency import run_in_threadpool
+
+from service import experiments as svc
+from service.api.deps import SessionDep
+from service.api.views import run_detail, run_out
+from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
+from service.schemas import Page, RunDetail, RunOut
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+VerdictName = Literal["identical", "diverged", "reference", "none"]
+assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
+
+
+@router.get("", response_model=Page[RunOut])
+def list_runs(
+    db: SessionDep,
+    status: Status | None = None,
+    experiment_id: int | None = None,
+    verdict: VerdictName | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[RunOut]:
+    """Runs, newest first, filtered by status, experiment and verdict."""
+    query = select(Run)
+    if status is not None:
+        query = query.where(Run.status == status)
+    if experiment_id is not None:
+        query = query.where(Run.experiment_id == experiment_id)
+    if verdict in ("identical", "diverged"):
+        query = query.join(Verdict, Verdict.run_id == Run.id).where(Verdict.verdict == verdict)
+    elif verdict == "none":
+        query = query.outerjoin(Verdict, Verdict.run_id == Run.id).where(Verdict.id.is_(None))
+    elif verdict == "reference":
+        firsts = select(func.min(Run.id)).where(Run.status == "succeeded").group_by(Run.family_id)
+        query = query.where(Run.id.in_(firsts))
+    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
+    return Page(items=[run_out(db, r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{run_id}", response_model=RunDetail)
+def get_run(run_id: int, db: SessionDep) -> RunDetail:
+    """Everything about one run: spec, seed, status, provenance, trace, verdict."""
+    return run_detail(db, svc.get_run(db, run_id))
+
+
+@router.post("/{run_id}/rerun", status_code=202, response_model=RunOut)
+def rerun(run_id: int, db: SessionDep) -> RunOut:
+    """Queue a rerun: same experiment, spec, seed and (when known) image."""
+    return run_out(db, svc.rerun(db=db, run_id=run_id))
+
+
+@router.post("/{run_id}/cancel", response_model=RunOut)
+def cancel(run_id: int, db: SessionDep) -> RunOut:
+    """Cancel a queued or running run."""
+    return run_out(db, svc.cancel(db=db, run_id=run_id))
+
+
+def _snapshot(request: Request, run_id: int) -> dict[str, object]:
+    with request.app.state.sessionmaker() as db:
+        run = svc.get_run(db, run_id)
+        return {
+            "id": run.id,
+            "status": run.status,
+            "attempt": run.attempt,
+            "progress": run.progress,
+            "final_fingerprint": run.final_fingerprint,
+        }
+
+
+@router.get(
+    "/{run_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def events(run_id: int, request: Request) -> StreamingResponse:
+    """Server-sent events: the run's status and progress whenever they change."""
+    first = await run_in_threadpool(_snapshot, request, run_id)  # 404 before streaming
+
+    async def stream() -> AsyncIterator[str]:
+        snapshot, last = first, None
+        while True:
+            if snapshot != last:
+                yield f"event: run\ndata: {json.dumps(snapshot)}\n\n"
+                last = snapshot
+            if snapshot["status"] in TERMINAL_STATUSES or await request.is_disconnected():
+                return
+            await asyncio.sleep(0.5)
+            snapshot = await run_in_threadpool(_snapshot, request, run_id)
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

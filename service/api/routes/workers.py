@@ -1,0 +1,172 @@
+"""The worker protocol: register, claim, heartbeat, report, upload."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import FileResponse
+
+from service import artifacts, queue
+from service.api.deps import SessionDep, SettingsDep
+from service.api.views import run_out
+from service.schemas import (
+    ArtifactOut,
+    CheckpointFile,
+    CheckpointOut,
+    ClaimedRun,
+    ClaimOut,
+    CompleteIn,
+    FailIn,
+    HeartbeatIn,
+    HeartbeatOut,
+    LeaseOut,
+    RegisterIn,
+    RegisterOut,
+    ReleaseIn,
+    RunOut,
+)
+
+router = APIRouter(tags=["workers"])
+
+
+@router.post("/workers/register", status_code=201, response_model=RegisterOut)
+def register(body: RegisterIn, db: SessionDep, settings: SettingsDep) -> RegisterOut:
+    """Register a worker and its capabilities; returns its id and lease timing."""
+    worker = queue.register_worker(
+        db=db,
+        name=body.name,
+        hostname=body.hostname,
+        executors=body.executors,
+        images=body.images,
+        gpu=body.gpu,
+    )
+    return RegisterOut(
+        id=worker.id,
+        lease_seconds=settings.lease_seconds,
+        heartbeat_seconds=settings.heartbeat_seconds,
+    )
+
+
+@router.post(
+    "/workers/{worker_id}/claim",
+    response_model=ClaimOut,
+    responses={204: {"description": "nothing to run"}},
+)
+def claim(worker_id: int, db: SessionDep, settings: SettingsDep) -> ClaimOut | Response:
+    """Take the oldest runnable queued run under a lease, with its newest checkpoint."""
+    run = queue.claim(db=db, settings=settings, worker_id=worker_id)
+    if run is None:
+        return Response(status_code=204)
+    checkpoint = queue.latest_checkpoint(db, run.id)
+    assert run.lease_expires_at is not None
+    return ClaimOut(
+        run=ClaimedRun(
+            id=run.id,
+            experiment_id=run.experiment_id,
+            spec=run.experiment.spec,
+            attempt=run.attempt,
+            image=run.required_image,
+        ),
+        lease=LeaseOut(expires_at=run.lease_expires_at, seconds=settings.lease_seconds),
+        checkpoint=None
+        if checkpoint is None
+        else CheckpointOut(
+            epoch=checkpoint[0],
+            files=[
+                CheckpointFile(name=a.name, artifact_id=a.id, sha256=a.sha256, size=a.size)
+                for a in checkpoint[1]
+            ],
+        ),
+    )
+
+
+@router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatOut)
+def heartbeat(
+    run_id: int, body: HeartbeatIn, db: SessionDep, settings: SettingsDep
+) -> HeartbeatOut:
+    """Extend the lease of a held run and record its progress (409 if not held)."""
+    run = queue.heartbeat(
+        db=db, settings=settings, run_id=run_id, worker_id=body.worker_id, progress=body.progress
+    )
+    assert run.lease_expires_at is not None
+    return HeartbeatOut(lease_expires_at=run.lease_expires_at)
+
+
+@router.post("/runs/{run_id}/complete", response_model=RunOut)
+def complete(run_id: int, body: CompleteIn, db: SessionDep) -> RunOut:
+    """Report a held run's result document (a retried report is not written twice)."""
+    return run_out(
+        db, queue.complete(db=db, run_id=run_id, worker_id=body.worker_id, result=body.result)
+    )
+
+
+@router.post("/runs/{run_id}/fail", response_model=RunOut)
+def fail(run_id: int, body: FailIn, db: SessionDep) -> RunOut:
+    """Report that a held run failed outside training (e.g. the job process crashed)."""
+    return run_out(
+        db,
+        queue.fail(db=db, run_id=run_id, worker_id=body.worker_id, error=body.error.model_dump()),
+    )
+
+
+@router.post("/runs/{run_id}/release", response_model=RunOut)
+def release(run_id: int, body: ReleaseIn, db: SessionDep) -> RunOut:
+    """Give a held run back to the queue (worker shutting down)."""
+    return run_out(
+        db, queue.release(db=db, run_id=run_id, worker_id=body.worker_id, reason=body.reason)
+    )
+
+
+@router.post(
+    "/runs/{run_id}/artifacts",
+    status_code=201,
+    response_model=ArtifactOut,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def upload_artifact(
+    run_id: int,
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    worker_id: int,
+    kind: Annotated[str, Query(pattern="^(checkpoint|weights|log)$")],
+    name: Annotated[str, Query(max_length=200)],
+    epoch: Annotated[int | None, Query(ge=0)] = None,
+    x_content_sha256: Annotated[str | None, Header()] = None,
+) -> ArtifactOut:
+    """Upload a file for a held run; stored only if its SHA-256 matches the header."""
+    digest = artifacts.check_upload(name, x_content_sha256)
+    run = queue.held_run(db, run_id, worker_id)
+    db.commit()  # release the row lock before a long upload
+    path, size = await artifacts.receive(
+        request.stream(),
+        directory=settings.resolved_artifacts_dir,
+        name=name,
+        declared_sha256=digest,
+        max_bytes=settings.max_artifact_bytes,
+    )
+    run = queue.held_run(db, run_id, worker_id)
+    art = artifacts.record(
+        db=db, run=run, kind=kind, name=name, epoch=epoch, sha256=digest, size=size, path=path
+    )
+    return ArtifactOut.model_validate(art)
+
+
+@router.get("/artifacts/{artifact_id}", response_class=FileResponse)
+def download_artifact(artifact_id: int, db: SessionDep) -> FileResponse:
+    """The bytes of an artifact."""
+    art = artifacts.get_artifact(db, artifact_id)
+    return FileResponse(
+        artifacts.local_path(art),
+        media_type="application/octet-stream",
+        headers={"X-Content-SHA256": art.sha256},
+        filename=art.name,
+    )

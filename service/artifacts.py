@@ -1,0 +1,106 @@
+"""Artifact storage: streamed to a temporary file, digest-verified, then moved into place."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
+from service.models import Artifact, Run
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_upload(name: str, declared_sha256: str | None) -> str:
+    """The declared digest, lower-cased; MalformedBody for a bad name or digest."""
+    if not _SAFE_NAME.match(name):
+        raise MalformedBody(f"artifact name {name!r} is not a plain file name")
+    digest = (declared_sha256 or "").lower()
+    if not _HEX64.match(digest):
+        raise MalformedBody("X-Content-SHA256 must be the hex SHA-256 of the body")
+    return digest
+
+
+async def receive(
+    chunks: AsyncIterator[bytes],
+    *,
+    directory: Path,
+    name: str,
+    declared_sha256: str,
+    max_bytes: int,
+) -> tuple[Path, int]:
+    """Store the stream content-addressed under `directory` if its digest matches.
+
+    Returns (path, size). Nothing is left behind when the digest or size check fails.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{name}.{os.getpid()}.{id(chunks)}.part"
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(tmp, "wb") as fh:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise BodyTooLarge(f"artifact larger than {max_bytes} bytes")
+                h.update(chunk)
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if h.hexdigest() != declared_sha256:
+            raise DigestMismatch(
+                f"received {size} bytes with SHA-256 {h.hexdigest()}, not {declared_sha256}"
+            )
+        final = directory / declared_sha256[:2] / declared_sha256
+        final.parent.mkdir(exist_ok=True)
+        os.replace(tmp, final)
+        return final, size
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def record(
+    *,
+    db: Session,
+    run: Run,
+    kind: str,
+    name: str,
+    epoch: int | None,
+    sha256: str,
+    size: int,
+    path: Path,
+) -> Artifact:
+    """Create or replace the artifact row for (run, kind, name)."""
+    art = db.scalar(
+        select(Artifact).where(
+            Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name == name
+        )
+    )
+    if art is None:
+        art = Artifact(run_id=run.id, kind=kind, name=name)
+        db.add(art)
+    art.epoch, art.sha256, art.size = epoch, sha256, size
+    art.storage_url, art.attempt = path.resolve().as_uri(), run.attempt
+    db.commit()
+    return art
+
+
+def get_artifact(db: Session, artifact_id: int) -> Artifact:
+    """The artifact, or NotFound."""
+    art = db.get(Artifact, artifact_id)
+    if art is None:
+        raise NotFound(f"artifact {artifact_id} does not exist")
+    return art
+
+
+def local_path(art: Artifact) -> Path:
+    """The file behind a local `file://` storage URL."""
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(art.storage_url).path))

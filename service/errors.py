@@ -1,0 +1,59 @@
+"""Domain errors of the service; each maps to one HTTP status in `service.api.main`."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Service error."""
+
+    status_code = 500
+
+    def __init__(self, message: str | None = None, *, errors: list[dict[str, str]] | None = None):
+        super().__init__(message or (self.__doc__ or "").strip())
+        self.errors = errors or []
+
+
+class NotFound(ServiceError):
+    """No such resource."""
+
+    status_code = 404
+
+
+class Conflict(ServiceError):
+    """The request conflicts with the resource's current state."""
+
+    status_code = 409
+
+
+class NotHeld(Conflict):
+    """This worker does not hold the run (its lease expired, or the run was cancelled)."""
+
+
+class InvalidSpec(ServiceError):
+    """The experiment spec is invalid."""
+
+    status_code = 422
+
+
+class MalformedBody(ServiceError):
+    """The request body is not well-formed."""
+
+    status_code = 400
+
+
+class BodyTooLarge(ServiceError):
+    """The request body is larger than this server accepts."""
+
+    status_code = 413
+
+
+class UnsupportedMediaType(ServiceError):
+    """The request body has a content type this endpoint does not accept."""
+
+    status_code = 415
+
+
+class DigestMismatch(ServiceError):
+    """The uploaded bytes do not match the declared digest; nothing was stored."""
+
+    status_code = 400

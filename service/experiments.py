@@ -1,0 +1,146 @@
+"""Submitting experiments and rerunning runs."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
+from service.models import Experiment, Run, utcnow
+from worker import registry
+from worker.errors import MalformedSpecError, SpecError
+from worker.seeds import resolve_seed
+from worker.spec import ExperimentSpec, parse_spec_text
+
+
+def parse_submission(body: bytes, fmt: Literal["json", "yaml"]) -> ExperimentSpec:
+    """The validated spec of a request body; MalformedBody or InvalidSpec otherwise."""
+    try:
+        spec = parse_spec_text(body, fmt=fmt)
+        registry.check_spec(spec)
+    except MalformedSpecError as exc:
+        raise MalformedBody(str(exc), errors=exc.errors) from None
+    except SpecError as exc:
+        raise InvalidSpec(str(exc), errors=exc.errors) from None
+    return spec
+
+
+def create_experiment(
+    *,
+    db: Session,
+    spec: ExperimentSpec,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> tuple[Experiment, Run, bool]:
+    """Store the spec with its resolved seed and queue its first run.
+
+    Returns (experiment, run, created); a repeated idempotency key returns the original
+    with created False, and a key reused for a different body raises Conflict.
+    """
+    if idempotency_key is not None:
+        found = _by_idempotency_key(db, idempotency_key, request_hash)
+        if found is not None:
+            return found[0], found[1], False
+    seed = resolve_seed(spec.seed)
+    resolved = spec.with_seed(seed)
+    experiment = Experiment(
+        name=spec.name,
+        spec=resolved.model_dump(mode="json"),
+        spec_hash=resolved.spec_hash(),
+        submitted_spec_hash=spec.spec_hash(),
+        seed=list(seed),
+        seed_source="spec" if spec.seed is not None else "generated",
+        image=spec.environment.image,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    run = Run(experiment=experiment, status="queued", required_image=spec.environment.image)
+    db.add_all([experiment, run])
+    try:
+        db.flush()
+    except IntegrityError:
+        # A concurrent request with the same key won the race: answer with its result.
+        db.rollback()
+        found = _by_idempotency_key(db, idempotency_key or "", request_hash)
+        if found is None:
+            raise
+        return found[0], found[1], False
+    run.family_id = run.id
+    db.commit()
+    return experiment, run, True
+
+
+def _by_idempotency_key(
+    db: Session, key: str, request_hash: str | None
+) -> tuple[Experiment, Run] | None:
+    experiment = db.scalar(select(Experiment).where(Experiment.idempotency_key == key))
+    if experiment is None:
+        return None
+    if request_hash is not None and experiment.request_hash != request_hash:
+        raise Conflict("this Idempotency-Key was already used for a different request body")
+    return experiment, experiment.runs[0]
+
+
+def body_hash(body: bytes, content_type: str) -> str:
+    """Digest identifying a submission for idempotency checks."""
+    return hashlib.sha256(content_type.encode() + b"\0" + body).hexdigest()
+
+
+def get_run(db: Session, run_id: int) -> Run:
+    """The run, or NotFound."""
+    run = db.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return run
+
+
+def get_experiment(db: Session, experiment_id: int) -> Experiment:
+    """The experiment, or NotFound."""
+    experiment = db.get(Experiment, experiment_id)
+    if experiment is None:
+        raise NotFound(f"experiment {experiment_id} does not exist")
+    return experiment
+
+
+def rerun(*, db: Session, run_id: int) -> Run:
+    """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
+    original = get_run(db, run_id)
+    if original.status == "cancelled":
+        raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
+    spec = original.experiment.spec
+    try:
+        registry.check_spec(ExperimentSpec.model_validate(spec))
+    except SpecError as exc:
+        raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
+    # Pin what the original actually ran on, so the rerun cannot silently change image.
+    image = original.required_image
+    if image is None and original.provenance:
+        recorded = original.provenance.get("image", {})
+        image = recorded.get("digest") or recorded.get("reference")
+    new = Run(
+        experiment_id=original.experiment_id,
+        rerun_of_id=original.id,
+        family_id=original.family_id or original.id,
+        status="queued",
+        required_image=image,
+    )
+    db.add(new)
+    db.commit()
+    return new
+
+
+def cancel(*, db: Session, run_id: int) -> Run:
+    """Cancel a queued or running run; the worker holding it loses its lease."""
+    run = get_run(db, run_id)
+    if run.status not in ("queued", "running"):
+        raise Conflict(f"run {run_id} is already {run.status}")
+    run.status = "cancelled"
+    run.lease_expires_at = None
+    run.error = {"type": "Cancelled", "message": "cancelled by request"}
+    run.finished_at = utcnow()
+    db.commit()
+    return run

@@ -1,0 +1,140 @@
+"""Database models (SQLAlchemy 2, typed). Times are naive UTC."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def utcnow() -> datetime:
+    """Now, as the naive UTC datetime every table stores."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Experiment(Base):
+    """A validated spec with its resolved seed; runs are trainings of it."""
+
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]]  # the spec with its seed resolved
+    spec_hash: Mapped[str] = mapped_column(String(80), index=True)
+    submitted_spec_hash: Mapped[str] = mapped_column(String(80))
+    seed: Mapped[list[Any]]
+    seed_source: Mapped[str] = mapped_column(String(20))
+    image: Mapped[str | None] = mapped_column(String(500))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    runs: Mapped[list[Run]] = relationship(back_populates="experiment", order_by="Run.id")
+
+
+class Worker(Base):
+    """A registered worker agent and what it can run."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    hostname: Mapped[str] = mapped_column(String(200), default="")
+    executors: Mapped[list[Any]]
+    images: Mapped[list[Any]]
+    gpu: Mapped[str | None] = mapped_column(String(200))
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Run(Base):
+    """One training of an experiment; a rerun is a run with `rerun_of_id` set."""
+
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_status_id", "status", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    rerun_of_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # The original run of the family: every rerun of a rerun points at the same root.
+    family_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    status: Mapped[str] = mapped_column(String(20), default="queued")
+    attempt: Mapped[int] = mapped_column(default=0)
+    required_image: Mapped[str | None] = mapped_column(String(500))
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    final_fingerprint: Mapped[str | None] = mapped_column(String(100))
+    trace_granularity: Mapped[str | None] = mapped_column(String(40))
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    metrics: Mapped[list[Any] | None] = mapped_column(JSON)
+    data_fingerprints: Mapped[list[Any] | None] = mapped_column(JSON)
+    result_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="runs")
+    verdict: Mapped[Verdict | None] = relationship(
+        back_populates="run", foreign_keys="Verdict.run_id", uselist=False
+    )
+
+
+class TracePointRow(Base):
+    """One fingerprint trace point of a run."""
+
+    __tablename__ = "trace_points"
+    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    seq: Mapped[int]
+    kind: Mapped[str] = mapped_column(String(10))
+    epoch: Mapped[int]
+    step: Mapped[int]
+    fingerprint: Mapped[str] = mapped_column(String(100))
+    variables: Mapped[dict[str, Any]]
+
+
+class Artifact(Base):
+    """A file a worker uploaded for a run, stored under its verified digest."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("run_id", "kind", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    name: Mapped[str] = mapped_column(String(200))
+    epoch: Mapped[int | None]
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    storage_url: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Verdict(Base):
+    """A finished rerun compared with its family's reference run."""
+
+    __tablename__ = "verdicts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), unique=True)
+    reference_run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    verdict: Mapped[str] = mapped_column(String(20), index=True)
+    report: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="verdict", foreign_keys=[run_id])

@@ -1,0 +1,228 @@
+"""The run queue: workers claim runs under a lease, keep it with heartbeats, and report.
+
+A run is held by at most one worker: claiming is one atomic conditional update (with
+`FOR UPDATE SKIP LOCKED` on PostgreSQL), and every report is checked against the holder.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from service import verdicts
+from service.config import Settings
+from service.errors import NotFound, NotHeld
+from service.models import TERMINAL_STATUSES, Artifact, Run, TracePointRow, Worker, utcnow
+from worker.result import JobResult
+
+
+def register_worker(
+    *,
+    db: Session,
+    name: str,
+    hostname: str,
+    executors: list[str],
+    images: list[str],
+    gpu: str | None,
+) -> Worker:
+    """A new worker record."""
+    worker = Worker(name=name, hostname=hostname, executors=executors, images=images, gpu=gpu)
+    db.add(worker)
+    db.commit()
+    return worker
+
+
+def get_worker(db: Session, worker_id: int) -> Worker:
+    """The worker, or NotFound."""
+    worker = db.get(Worker, worker_id)
+    if worker is None:
+        raise NotFound(f"worker {worker_id} is not registered")
+    return worker
+
+
+def requeue_expired(*, db: Session, settings: Settings) -> None:
+    """Put runs whose lease expired back in the queue, or fail them after too many attempts."""
+    now = utcnow()
+    expired = and_(Run.status == "running", Run.lease_expires_at < now)
+    db.execute(
+        update(Run)
+        .where(expired, Run.attempt >= settings.max_attempts)
+        .values(
+            status="failed",
+            worker_id=None,
+            lease_expires_at=None,
+            finished_at=now,
+            error={
+                "type": "LeaseExpired",
+                "message": f"gave up after {settings.max_attempts} attempts: the worker "
+                "holding the run stopped sending heartbeats each time",
+            },
+        )
+        .execution_options(synchronize_session=False)
+    )
+    db.execute(
+        update(Run)
+        .where(expired)
+        .values(status="queued", worker_id=None, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    db.commit()
+
+
+def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
+    """Atomically take the oldest queued run this worker can run, or None."""
+    worker = get_worker(db, worker_id)
+    requeue_expired(db=db, settings=settings)
+    now = utcnow()
+    runnable = and_(
+        Run.status == "queued",
+        or_(Run.required_image.is_(None), Run.required_image.in_(worker.images or [""])),
+    )
+    candidates = select(Run.id).where(runnable).order_by(Run.id).limit(1)
+    if db.get_bind().dialect.name == "postgresql":
+        candidates = candidates.with_for_update(skip_locked=True)
+    run_id = db.execute(
+        update(Run)
+        .where(Run.id == candidates.scalar_subquery(), Run.status == "queued")
+        .values(
+            status="running",
+            worker_id=worker.id,
+            attempt=Run.attempt + 1,
+            lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+            heartbeat_at=now,
+            started_at=now,
+        )
+        .returning(Run.id)
+        .execution_options(synchronize_session=False)
+    ).scalar()
+    worker.last_seen_at = now
+    db.commit()
+    return db.get(Run, run_id, populate_existing=True) if run_id is not None else None
+
+
+def held_run(db: Session, run_id: int, worker_id: int) -> Run:
+    """The run if this worker holds it now; NotHeld (409) otherwise, NotFound if absent."""
+    query = select(Run).where(Run.id == run_id)
+    if db.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()  # serialise with requeue and other reports
+    run = db.scalar(query.execution_options(populate_existing=True))
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    if run.status != "running" or run.worker_id != worker_id:
+        raise NotHeld(f"worker {worker_id} does not hold run {run_id} (status {run.status})")
+    return run
+
+
+def heartbeat(
+    *,
+    db: Session,
+    settings: Settings,
+    run_id: int,
+    worker_id: int,
+    progress: dict[str, Any] | None,
+) -> Run:
+    """Extend the lease and record progress."""
+    run = held_run(db, run_id, worker_id)
+    now = utcnow()
+    run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
+    run.heartbeat_at = now
+    if progress is not None:
+        run.progress = progress
+    db.commit()
+    return run
+
+
+def release(*, db: Session, run_id: int, worker_id: int, reason: str) -> Run:
+    """Give the run back to the queue (a worker shutting down); not counted as a failure."""
+    run = held_run(db, run_id, worker_id)
+    run.status = "queued"
+    run.worker_id = None
+    run.lease_expires_at = None
+    run.attempt = max(run.attempt - 1, 0)
+    run.progress = {"event": "released", "reason": reason}
+    db.commit()
+    return run
+
+
+def _already_reported(db: Session, run_id: int, worker_id: int, fingerprint: str | None) -> bool:
+    # A retried report after a lost response must not write twice.
+    run = db.get(Run, run_id, populate_existing=True)
+    return (
+        run is not None
+        and run.status in TERMINAL_STATUSES
+        and run.worker_id == worker_id
+        and run.final_fingerprint == fingerprint
+    )
+
+
+def complete(*, db: Session, run_id: int, worker_id: int, result: JobResult) -> Run:
+    """Record a job's result document; a rerun gets its verdict."""
+    if _already_reported(db, run_id, worker_id, result.final_fingerprint):
+        return db.get_one(Run, run_id)
+    run = held_run(db, run_id, worker_id)
+    run.status = "succeeded" if result.status == "succeeded" else "failed"
+    run.finished_at = utcnow()
+    run.lease_expires_at = None
+    run.final_fingerprint = result.final_fingerprint
+    run.trace_granularity = result.trace_granularity
+    run.provenance = result.provenance
+    run.metrics = result.metrics
+    run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
+    run.error = result.error.model_dump() if result.error else None
+    run.result_summary = {
+        "spec_hash": result.spec_hash,
+        "seed": result.seed,
+        "determinism": result.determinism,
+        "eval_data_fingerprint": result.eval_data_fingerprint,
+        "resumed_from_epoch": result.resumed_from_epoch,
+        "warnings": result.warnings,
+        "timings": result.timings,
+    }
+    db.execute(delete(TracePointRow).where(TracePointRow.run_id == run.id))
+    db.add_all(
+        TracePointRow(
+            run_id=run.id,
+            seq=i,
+            kind=p.kind,
+            epoch=p.epoch,
+            step=p.step,
+            fingerprint=p.fingerprint,
+            variables=p.variables,
+        )
+        for i, p in enumerate(result.trace)
+    )
+    db.flush()
+    if run.status == "succeeded":
+        verdicts.update_family(db=db, family_id=run.family_id or run.id)
+    db.commit()
+    return run
+
+
+def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> Run:
+    """Mark the run failed with the worker's error."""
+    run = held_run(db, run_id, worker_id)
+    run.status = "failed"
+    run.finished_at = utcnow()
+    run.lease_expires_at = None
+    run.error = error
+    db.commit()
+    return run
+
+
+def latest_checkpoint(db: Session, run_id: int) -> tuple[int, list[Artifact]] | None:
+    """The newest epoch whose checkpoint files (npz and json) were both uploaded."""
+    rows = db.scalars(
+        select(Artifact).where(Artifact.run_id == run_id, Artifact.kind == "checkpoint")
+    ).all()
+    by_epoch: dict[int, dict[str, Artifact]] = {}
+    for art in rows:
+        if art.epoch is not None:
+            by_epoch.setdefault(art.epoch, {})[art.name.rsplit(".", 1)[-1]] = art
+    complete_epochs = [e for e, files in by_epoch.items() if {"npz", "json"} <= set(files)]
+    if not complete_epochs:
+        return None
+    epoch = max(complete_epochs)
+    return epoch, [by_epoch[epoch]["npz"], by_epoch[epoch]["json"]]

@@ -1,0 +1,179 @@
+"""Request and response bodies of the API."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+from worker.result import JobResult
+
+T = TypeVar("T")
+
+
+def _utc_iso(value: datetime) -> str:
+    # Stored naive-UTC; say so on the wire.
+    return value.replace(tzinfo=UTC).isoformat().replace("+00:00", "Z")
+
+
+UtcDatetime = Annotated[datetime, PlainSerializer(_utc_iso, return_type=str)]
+
+
+class ExperimentOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    spec_hash: str
+    seed: list[int]
+    seed_source: str
+    image: str | None
+    spec: dict[str, Any]
+    created_at: UtcDatetime
+
+
+class RunOut(BaseModel):
+    """A run as the API shows it."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    experiment_id: int
+    rerun_of_id: int | None
+    family_id: int | None
+    status: str
+    attempt: int
+    worker_id: int | None
+    required_image: str | None
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
+    lease_expires_at: UtcDatetime | None
+    progress: dict[str, Any] | None
+    final_fingerprint: str | None
+    error: dict[str, Any] | None
+    verdict: str | None = None
+    is_reference: bool = False
+
+
+class RunDetail(RunOut):
+    """A run with everything recorded about it."""
+
+    spec: dict[str, Any]
+    spec_hash: str
+    seed: list[int]
+    provenance: dict[str, Any] | None
+    metrics: list[Any] | None
+    data_fingerprints: list[Any] | None
+    trace_granularity: str | None
+    trace: list[dict[str, Any]]
+    result_summary: dict[str, Any] | None
+    verdict_report: dict[str, Any] | None = None
+    reference_run_id: int | None = None
+    checkpoint_epoch: int | None = None
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+class SubmitOut(BaseModel):
+    experiment: ExperimentOut
+    run: RunOut
+
+
+class RegisterIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    hostname: str = Field(default="", max_length=200)
+    executors: list[str] = Field(default_factory=lambda: ["process"], max_length=8)
+    images: list[str] = Field(default_factory=list, max_length=1000)
+    gpu: str | None = Field(default=None, max_length=200)
+
+
+class RegisterOut(BaseModel):
+    id: int
+    lease_seconds: float
+    heartbeat_seconds: float
+
+
+class WorkerReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: int
+
+
+class HeartbeatIn(WorkerReport):
+    progress: dict[str, Any] | None = None
+
+
+class HeartbeatOut(BaseModel):
+    lease_expires_at: UtcDatetime
+
+
+class CompleteIn(WorkerReport):
+    result: JobResult
+
+
+class ErrorDoc(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(max_length=200)
+    message: str = Field(max_length=100_000)
+    traceback: str | None = Field(default=None, max_length=1_000_000)
+
+
+class FailIn(WorkerReport):
+    error: ErrorDoc
+
+
+class ReleaseIn(WorkerReport):
+    reason: str = Field(default="", max_length=1000)
+
+
+class CheckpointFile(BaseModel):
+    name: str
+    artifact_id: int
+    sha256: str
+    size: int
+
+
+class CheckpointOut(BaseModel):
+    epoch: int
+    files: list[CheckpointFile]
+
+
+class ClaimedRun(BaseModel):
+    id: int
+    experiment_id: int
+    spec: dict[str, Any]
+    attempt: int
+    image: str | None
+
+
+class LeaseOut(BaseModel):
+    expires_at: UtcDatetime
+    seconds: float
+
+
+class ClaimOut(BaseModel):
+    run: ClaimedRun
+    lease: LeaseOut
+    checkpoint: CheckpointOut | None
+
+
+class ArtifactOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    run_id: int
+    kind: str
+    name: str
+    epoch: int | None
+    sha256: str
+    size: int

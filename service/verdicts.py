@@ -1,0 +1,77 @@
+"""Verdicts: every successful rerun compared with its family's reference run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.models import Run, TracePointRow, Verdict
+from worker.verdict import compare_runs
+
+
+def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
+    """A run's trace points in recorded order."""
+    rows = db.scalars(
+        select(TracePointRow).where(TracePointRow.run_id == run_id).order_by(TracePointRow.seq)
+    )
+    return [
+        {
+            "kind": r.kind,
+            "epoch": r.epoch,
+            "step": r.step,
+            "fingerprint": r.fingerprint,
+            "variables": r.variables,
+        }
+        for r in rows
+    ]
+
+
+def _data(run: Run) -> dict[int, str]:
+    return {int(d["epoch"]): d["fingerprint"] for d in run.data_fingerprints or []}
+
+
+def compare(db: Session, reference: Run, run: Run) -> dict[str, Any]:
+    """The comparison report of `run` against `reference`."""
+    return compare_runs(
+        trace_a=trace_of(db, reference.id),
+        trace_b=trace_of(db, run.id),
+        final_a=reference.final_fingerprint,
+        final_b=run.final_fingerprint,
+        data_a=_data(reference),
+        data_b=_data(run),
+    )
+
+
+def update_family(*, db: Session, family_id: int) -> None:
+    """Give a verdict to every successful run of the family against its reference.
+
+    The reference is the family's first successful run (lowest id); it has no verdict.
+    """
+    runs = db.scalars(
+        select(Run).where(Run.family_id == family_id, Run.status == "succeeded").order_by(Run.id)
+    ).all()
+    if not runs:
+        return
+    reference, others = runs[0], runs[1:]
+    for run in others:
+        current = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
+        if current is not None and current.reference_run_id == reference.id:
+            continue
+        report = compare(db, reference, run)
+        if current is None:
+            db.add(
+                Verdict(
+                    run_id=run.id,
+                    reference_run_id=reference.id,
+                    verdict=report["verdict"],
+                    report=report,
+                )
+            )
+        else:
+            current.reference_run_id, current.verdict = reference.id, report["verdict"]
+            current.report = report
+    stale = db.scalar(select(Verdict).where(Verdict.run_id == reference.id))
+    if stale is not None:
+        db.delete(stale)
