@@ -86,7 +86,7 @@ class Run(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
-    verdict: Mapped[Verdict | None] = relationship(
+    verdict_record: Mapped[Verdict | None] = relationship(
         back_populates="run", foreign_keys="Verdict.run_id", uselist=False
     )
 
@@ -137,4 +137,4 @@ class Verdict(Base):
     report: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    run: Mapped[Run] = relationship(back_populates="verdict", foreign_keys=[run_id])
+    run: Mapped[Run] = relationship(back_populates="verdict_record", foreign_keys=[run_id])

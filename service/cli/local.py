@@ -1,35 +1,25 @@
-"""`repro`: validate specs, run jobs in fresh processes, and verify reruns bit for bit."""
+"""Local commands: validate specs, run jobs in fresh processes, verify reruns bit for bit."""
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from service.cli.output import JsonFlag, emit_json, err
 from worker.errors import SpecError
 from worker.executor import run_process_job
-from worker.result import JobResult, read_result
+from worker.result import JobResult
 from worker.spec import load_spec
 from worker.verdict import compare_runs, describe
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-err = Console(stderr=True)
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=1) + "\n")
-
-
-@app.command()
 def validate(spec: Path, as_json: JsonFlag = False) -> None:
     """Check a spec (fields and component names) and print its hash."""
     from worker.registry import check_spec
@@ -40,12 +30,12 @@ def validate(spec: Path, as_json: JsonFlag = False) -> None:
     except (SpecError, OSError) as exc:
         errors = getattr(exc, "errors", [])
         if as_json:
-            _emit_json({"valid": False, "error": str(exc), "errors": errors})
+            emit_json({"valid": False, "error": str(exc), "errors": errors})
         else:
             err.print(f"[red]invalid:[/red] {exc}")
         raise typer.Exit(2) from None
     if as_json:
-        _emit_json({"valid": True, "spec_hash": parsed.spec_hash()})
+        emit_json({"valid": True, "spec_hash": parsed.spec_hash()})
     else:
         typer.echo(f"valid  {parsed.spec_hash()}")
 
@@ -91,7 +81,6 @@ def _run_with_progress(
         )
 
 
-@app.command()
 def run(
     spec: Path,
     out: Annotated[Path, typer.Option(help="result document to write")] = Path("result.json"),
@@ -104,7 +93,7 @@ def run(
         spec, out, "run", quiet=as_json, checkpoint_dir=checkpoint_dir, resume=resume
     )
     if as_json:
-        _emit_json(result.model_dump(mode="json", exclude={"provenance", "trace"}))
+        emit_json(result.model_dump(mode="json", exclude={"provenance", "trace"}))
     elif result.status == "succeeded":
         typer.echo(f"succeeded  {result.final_fingerprint}  (result: {out})")
     else:
@@ -129,18 +118,6 @@ def verdict(a: JobResult, b: JobResult) -> dict[str, Any]:
     )
 
 
-@app.command()
-def compare(a: Path, b: Path, as_json: JsonFlag = False) -> None:
-    """Compare two result documents; exit 0 if identical, 1 otherwise."""
-    report = verdict(read_result(a), read_result(b))
-    if as_json:
-        _emit_json(report)
-    else:
-        typer.echo(describe(report))
-    raise typer.Exit(0 if report["verdict"] == "identical" else 1)
-
-
-@app.command()
 def verify(
     spec: Annotated[Path | None, typer.Argument(help="spec to run twice")] = None,
     workdir: Annotated[Path | None, typer.Option(help="keep results here")] = None,
@@ -167,7 +144,7 @@ def verify(
     _, rerun = _run_with_progress(pinned, workdir / "rerun.json", "rerun", quiet=as_json)
     report = verdict(first, rerun)
     if as_json:
-        _emit_json(
+        emit_json(
             {**report, "run": str(workdir / "run.json"), "rerun": str(workdir / "rerun.json")}
         )
     else:
@@ -181,10 +158,8 @@ def verify(
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
-
-
-if __name__ == "__main__":
-    main()
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the application."""
+    app.command()(validate)
+    app.command()(run)
+    app.command(name="verify")(verify)

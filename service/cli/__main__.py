@@ -1,0 +1,5 @@
+"""`python -m service.cli` runs the command line."""
+
+from service.cli import main
+
+main()

@@ -1,0 +1,15 @@
+"""The typer application; each command group lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from service.cli import local, remote, server
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Reproducible training: submit, rerun and verify experiments.",
+)
+for module in (local, remote, server):
+    module.register(app)

@@ -1,0 +1,175 @@
+"""Commands that run things: the API (optionally with a local worker), a worker, migrations."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+
+from service.cli.output import DEFAULT_API, ApiOption, TokenOption, err
+from service.config import Settings
+
+DataDirOption = Annotated[
+    Path | None, typer.Option(help="data directory (database, artifacts) [REPRO_DATA_DIR]")
+]
+DatabaseOption = Annotated[
+    str | None, typer.Option(help="database URL; default: SQLite in the data directory")
+]
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
+
+
+def _settings(data_dir: Path | None, database_url: str | None, **more: Any) -> Settings:
+    overrides: dict[str, Any] = {k: v for k, v in more.items() if v is not None}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if database_url is not None:
+        overrides["database_url"] = database_url
+    return Settings(**overrides)
+
+
+def _is_first_start(settings: Settings) -> bool:
+    from sqlalchemy import func, select
+
+    from service.db import make_engine
+    from service.models import Experiment
+
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with engine.connect() as conn:
+            return (conn.scalar(select(func.count(Experiment.id))) or 0) == 0
+    finally:
+        engine.dispose()
+
+
+def _demo(api: str, spec: Path) -> None:
+    """Submit the example, rerun it, and print the verdict (first start only)."""
+    from service.client import ApiClient
+    from worker.verdict import describe
+
+    client = ApiClient(api)
+    out = client.submit(
+        spec.read_text(), content_type="application/yaml", idempotency_key="first-start-demo"
+    )
+    run_id = out["run"]["id"]
+    err.print(f"[bold]demo:[/bold] submitted {spec.name} as run {run_id}; training…")
+    first = client.wait(run_id, timeout=None)
+    if first["status"] != "succeeded":
+        err.print(f"[red]demo run {run_id} {first['status']}[/red]: {first.get('error')}")
+        return
+    rerun = client.rerun(run_id)
+    err.print(f"[bold]demo:[/bold] run {run_id} succeeded; rerun queued as run {rerun['id']}")
+    client.wait(rerun["id"], timeout=None)
+    detail = client.run(rerun["id"])
+    report = detail.get("verdict_report")
+    line = describe(report) if report else f"no verdict ({detail['status']})"
+    typer.echo(f"demo: run {rerun['id']} rerun of run {run_id}: verdict {line}", err=False)
+    err.print(f"[bold]demo:[/bold] see {api}/api/v1/runs/{rerun['id']}  (Ctrl-C to stop)")
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    data_dir: DataDirOption = None,
+    database_url: DatabaseOption = None,
+    with_worker: Annotated[bool, typer.Option(help="also run a worker in this process")] = False,
+    demo: Annotated[
+        bool, typer.Option(help="on first start, submit the example and its rerun")
+    ] = True,
+) -> None:
+    """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
+    from service.app import create_app
+    from service.cli.local import EXAMPLES
+    from service.migrate import upgrade
+
+    _configure_logging()
+    settings = _settings(data_dir, database_url, host=host, port=port)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    first_start = _is_first_start(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning")
+    )
+    server_thread = threading.Thread(target=server.run, name="api", daemon=True)
+    server_thread.start()
+    while not server.started:
+        if not server_thread.is_alive():
+            raise typer.Exit(1)
+        time.sleep(0.05)
+    api = f"http://{host}:{port}"
+    err.print(f"Reprotrain API on {api}  (docs: {api}/docs, data: {settings.data_dir})")
+
+    agent, agent_thread = None, None
+    if with_worker:
+        from service.agent import Agent
+        from service.client import ApiClient
+
+        agent = Agent(ApiClient(api), name="local", work_dir=settings.data_dir / "worker")
+        agent_thread = threading.Thread(target=agent.run, name="worker", daemon=True)
+        agent_thread.start()
+    example = EXAMPLES / "seed001.yaml"
+    if demo and first_start and with_worker and example.exists():
+        threading.Thread(target=_demo, args=(api, example), name="demo", daemon=True).start()
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set() and server_thread.is_alive():
+        stop.wait(0.5)
+    err.print("stopping…")
+    if agent is not None and agent_thread is not None:
+        agent.request_stop()  # the job checkpoints and is released while the API is still up
+        agent_thread.join(timeout=120)
+    server.should_exit = True
+    server_thread.join(timeout=30)
+
+
+def worker(
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    name: Annotated[str | None, typer.Option(help="worker name shown in the API")] = None,
+    work_dir: Annotated[Path | None, typer.Option(help="where jobs write their files")] = None,
+    max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
+    poll: Annotated[float, typer.Option(help="seconds between claims when idle")] = 1.0,
+) -> None:
+    """Run a worker agent: claim runs, train them in fresh processes, report results."""
+    from service.agent import run_agent
+
+    _configure_logging()
+    run_agent(
+        api,
+        token,
+        name=name,
+        work_dir=work_dir,
+        poll_interval=poll,
+        max_jobs=max_jobs,
+    )
+
+
+db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade(data_dir: DataDirOption = None, database_url: DatabaseOption = None) -> None:
+    """Apply all migrations to the database."""
+    from service.migrate import upgrade
+
+    settings = _settings(data_dir, database_url)
+    upgrade(settings.resolved_database_url)
+    err.print(f"database at head: {settings.resolved_database_url.split('@')[-1]}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the application."""
+    app.command()(serve)
+    app.command()(worker)
+    app.add_typer(db_app, name="db")

@@ -1,0 +1,360 @@
+"""A small typed, synchronous HTTP client of the reprotrain API, used by the CLI and the agent."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+API = "/api/v1"
+Id = int | str  # resource ids only ever go into URLs and bodies as the server gave them
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+_RETRY_STATUSES = frozenset({502, 503, 504})
+_CHUNK = 1 << 20
+
+
+class ApiError(Exception):
+    """The API answered with an error."""
+
+    def __init__(self, status_code: int | None, detail: Any) -> None:
+        super().__init__(status_code, detail)
+        self.status_code = status_code
+        self.detail = detail
+
+    def __str__(self) -> str:
+        prefix = f"HTTP {self.status_code}" if self.status_code is not None else type(self).__name__
+        return f"{prefix}: {self.detail}"
+
+
+class LeaseLost(ApiError):
+    """The worker no longer holds the run (its lease expired or the run was cancelled)."""
+
+
+class ApiUnreachable(ApiError):
+    """The API could not be reached (no HTTP response, after retries)."""
+
+
+class ArtifactCorrupt(ApiError):
+    """A downloaded artifact does not match its expected SHA-256."""
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """Hex SHA-256 and size in bytes of a file, read in blocks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    # A generator opens the file only when httpx starts sending, once per attempt.
+    with open(path, "rb") as fh:
+        yield from iter(lambda: fh.read(_CHUNK), b"")
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text or response.reason_phrase
+    return body.get("detail", body) if isinstance(body, dict) else body
+
+
+def _as_dict(response: httpx.Response) -> dict[str, Any]:
+    if not response.content:  # 204 or an empty 2xx body: nothing more to report
+        return {}
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ApiError(response.status_code, f"expected a JSON object, got {response.text[:200]!r}")
+    return body
+
+
+class ApiClient:
+    """One method per API endpoint; returns parsed JSON and raises ApiError for non-2xx answers."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        retries: int = 3,
+        backoff: float = 0.25,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _send(
+        self,
+        build: Callable[[], httpx.Request],
+        *,
+        idempotent: bool,
+        lease: bool = False,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """Send with retries; idempotent requests also retry timeouts and 502/503/504.
+
+        Non-idempotent ones retry only when the connection was never made, because then the
+        server cannot have acted on them.
+        """
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.send(build(), stream=stream)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last:
+                    raise ApiUnreachable(None, f"cannot reach {self.base_url}: {exc}") from exc
+            except httpx.TransportError as exc:
+                if last or not idempotent:
+                    raise ApiUnreachable(None, f"{self.base_url}: {exc!r}") from exc
+            else:
+                if response.is_success:
+                    return response
+                response.read()
+                response.close()
+                if not (idempotent and response.status_code in _RETRY_STATUSES and not last):
+                    cls = LeaseLost if lease and response.status_code == 409 else ApiError
+                    raise cls(response.status_code, _detail(response))
+            time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop always returns/raises
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool | None = None,
+        lease: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        safe = method == "GET" if idempotent is None else idempotent
+        return self._send(
+            lambda: self._http.build_request(method, path, **kwargs), idempotent=safe, lease=lease
+        )
+
+    # -- people ------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """GET /healthz."""
+        return _as_dict(self._call("GET", "/healthz"))
+
+    def submit(
+        self,
+        spec_text: str,
+        *,
+        content_type: str = "application/yaml",
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a spec; returns {"experiment": ..., "run": ...}."""
+        headers = {"Content-Type": content_type}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        response = self._call(
+            "POST",
+            f"{API}/experiments",
+            idempotent=idempotency_key is not None,
+            content=spec_text.encode(),
+            headers=headers,
+        )
+        return _as_dict(response)
+
+    def experiments(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        """A page of experiments: {"items": [...], "total": n}."""
+        params = {"limit": limit, "offset": offset}
+        return _as_dict(self._call("GET", f"{API}/experiments", params=params))
+
+    def experiment(self, experiment_id: Id) -> dict[str, Any]:
+        """One experiment."""
+        return _as_dict(self._call("GET", f"{API}/experiments/{experiment_id}"))
+
+    def runs(
+        self,
+        status: str | None = None,
+        experiment_id: Id | None = None,
+        verdict: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """A filtered page of runs: {"items": [...], "total": n}."""
+        filters = {"status": status, "experiment_id": experiment_id, "verdict": verdict}
+        params: dict[str, Id] = {k: v for k, v in filters.items() if v is not None}
+        params.update(limit=limit, offset=offset)
+        return _as_dict(self._call("GET", f"{API}/runs", params=params))
+
+    def run(self, run_id: Id) -> dict[str, Any]:
+        """One run, with its latest progress event."""
+        return _as_dict(self._call("GET", f"{API}/runs/{run_id}"))
+
+    def rerun(self, run_id: Id) -> dict[str, Any]:
+        """Queue a rerun of a run; returns the new run."""
+        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/rerun"))
+
+    def cancel(self, run_id: Id) -> dict[str, Any]:
+        """Cancel a queued or running run; returns the run."""
+        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/cancel"))
+
+    def wait(
+        self,
+        run_id: Id,
+        *,
+        timeout: float | None,
+        poll: float = 0.5,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Poll until the run is succeeded, failed or cancelled; TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run = self.run(run_id)
+            if on_update is not None:
+                on_update(run)
+            if run.get("status") in TERMINAL_STATUSES:
+                return run
+            pause = poll
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"run {run_id} still {run.get('status')} after {timeout} s")
+                pause = min(poll, left)
+            time.sleep(pause)
+
+    # -- worker protocol ---------------------------------------------------------------------
+
+    def register(
+        self, name: str, *, executors: list[str], images: list[str], gpu: str | None, hostname: str
+    ) -> dict[str, Any]:
+        """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds"}."""
+        body = {
+            "name": name,
+            "executors": executors,
+            "images": images,
+            "gpu": gpu,
+            "hostname": hostname,
+        }
+        return _as_dict(self._call("POST", f"{API}/workers/register", json=body))
+
+    def claim(self, worker_id: Id) -> dict[str, Any] | None:
+        """Lease the next run this worker can run: {"run", "lease", "checkpoint"}, or None."""
+        response = self._call("POST", f"{API}/workers/{worker_id}/claim")
+        return None if response.status_code == 204 else _as_dict(response)
+
+    def heartbeat(
+        self, run_id: Id, worker_id: Id, progress: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Extend the lease and report progress; LeaseLost when the worker no longer holds it."""
+        body = {"worker_id": worker_id, "progress": progress}
+        # Repeating a heartbeat changes nothing more than sending it once.
+        response = self._call(
+            "POST", f"{API}/runs/{run_id}/heartbeat", idempotent=True, lease=True, json=body
+        )
+        return _as_dict(response)
+
+    def upload_artifact(
+        self, run_id: Id, worker_id: Id, path: Path, *, kind: str, name: str, epoch: int | None
+    ) -> dict[str, Any]:
+        """Stream a file to the run's artifacts; returns {"id", "sha256", "size"}."""
+        digest, size = file_sha256(path)
+        params: dict[str, Id] = {"worker_id": worker_id, "kind": kind, "name": name}
+        if epoch is not None:
+            params["epoch"] = epoch
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(size),  # known up front, so httpx does not chunk the body
+            "X-Content-SHA256": digest,
+        }
+        url = f"{API}/runs/{run_id}/artifacts"
+
+        def build() -> httpx.Request:
+            # A fresh generator per attempt: a retried upload re-reads the file from the start.
+            return self._http.build_request(
+                "POST", url, params=params, headers=headers, content=_file_chunks(path)
+            )
+
+        return _as_dict(self._send(build, idempotent=False, lease=True))
+
+    def download_artifact(self, artifact_id: Id, dest: Path, *, sha256: str) -> Path:
+        """Download an artifact to `dest`, which appears only once its SHA-256 matches."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part")
+        for attempt in range(self.retries + 1):
+            try:
+                actual = self._download_once(artifact_id, tmp)
+                break
+            except ApiUnreachable:
+                tmp.unlink(missing_ok=True)
+                if attempt == self.retries:
+                    raise
+                time.sleep(self.backoff * 2**attempt)
+        if actual != sha256.lower():
+            tmp.unlink(missing_ok=True)
+            raise ArtifactCorrupt(None, f"artifact {artifact_id}: sha256 {actual} != {sha256}")
+        os.replace(tmp, dest)
+        return dest
+
+    def _download_once(self, artifact_id: Id, tmp: Path) -> str:
+        url = f"{API}/artifacts/{artifact_id}"
+        response = self._send(
+            lambda: self._http.build_request("GET", url), idempotent=True, stream=True
+        )
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as fh:
+                for chunk in response.iter_bytes(_CHUNK):
+                    digest.update(chunk)
+                    fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except httpx.TransportError as exc:  # the connection broke mid-body
+            raise ApiUnreachable(None, f"download of {artifact_id} broke off: {exc!r}") from exc
+        finally:
+            response.close()
+        return digest.hexdigest()
+
+    def complete(self, run_id: Id, worker_id: Id, result: dict[str, Any]) -> dict[str, Any]:
+        """Report the job's result document; the server marks the run by result["status"]."""
+        body = {"worker_id": worker_id, "result": result}
+        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/complete", lease=True, json=body))
+
+    def fail(self, run_id: Id, worker_id: Id, error: dict[str, Any]) -> dict[str, Any]:
+        """Report a job that left no result document; error is {"type", "message", "traceback"}."""
+        body = {"worker_id": worker_id, "error": error}
+        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/fail", lease=True, json=body))
+
+    def release(self, run_id: Id, worker_id: Id, reason: str) -> dict[str, Any]:
+        """Give the run back to the queue without counting a failure."""
+        body = {"worker_id": worker_id, "reason": reason}
+        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/release", lease=True, json=body))

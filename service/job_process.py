@@ -1,0 +1,109 @@
+"""The job subprocess seen from the agent: its environment, its death signal, its files.
+
+Pure helpers, no API calls: which checkpoint files to upload or may be downloaded, a
+bounded tail of the job's stderr, and a readable description of how it exited.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+KILL_GRACE_SECONDS = 10.0
+_PR_SET_PDEATHSIG = 1
+_CHECKPOINT_FILE = re.compile(r"^epoch-(\d{6})\.(npz|json)$")
+
+Upload = tuple[int, Path, Path]
+
+
+def pdeathsig_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A Popen `preexec_fn` that makes the child get `sig` when its parent dies; None off Linux.
+
+    Linux sends the signal when the *thread* that started the child exits, so the thread
+    that calls Popen must outlive the child (the agent waits for its job in that thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    # Look prctl up before fork, so the child runs as little code as possible.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before prctl: no signal would ever come
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def checkpoint_uploads(directory: Path, event: dict[str, Any]) -> Upload:
+    """The epoch, npz and json of a "checkpoint" progress event: the order they are uploaded in."""
+    name = str(event.get("path", ""))
+    match = _CHECKPOINT_FILE.match(name)
+    if match is None or match.group(2) != "json" or int(match.group(1)) != event.get("epoch"):
+        raise ValueError(f"not a checkpoint event of this runtime: {event!r}")
+    json_path = directory / name
+    return int(match.group(1)), json_path.with_suffix(".npz"), json_path
+
+
+def checkpoint_downloads(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The offered checkpoint files, npz first and json last; ValueError for anything else.
+
+    The json is fetched last so an interrupted download leaves a checkpoint the job ignores;
+    names are checked so the server cannot make the agent write outside the checkpoint dir.
+    """
+    by_kind: dict[str, dict[str, Any]] = {}
+    for entry in files:
+        match = _CHECKPOINT_FILE.match(str(entry.get("name", "")))
+        if match is None or match.group(2) in by_kind:
+            raise ValueError(f"unexpected checkpoint file {entry.get('name')!r}")
+        by_kind[match.group(2)] = entry
+    if set(by_kind) != {"npz", "json"} or (
+        Path(by_kind["npz"]["name"]).stem != Path(by_kind["json"]["name"]).stem
+    ):
+        raise ValueError(f"a checkpoint is one epoch's npz and json, got {list(files)!r}")
+    return [by_kind["npz"], by_kind["json"]]
+
+
+class StderrTail:
+    """The last `lines` non-progress stderr lines of a job, each cut to `width` characters."""
+
+    def __init__(self, lines: int = 200, width: int = 2000) -> None:
+        self.width = width
+        self._lines: collections.deque[str] = collections.deque(maxlen=lines)
+
+    def add(self, line: str) -> None:
+        """Remember one line (the oldest falls out when full)."""
+        self._lines.append(line if len(line) <= self.width else line[: self.width] + "…")
+
+    def text(self) -> str:
+        """The remembered lines, oldest first."""
+        return "\n".join(self._lines)
+
+
+def describe_exit(code: int) -> str:
+    """A human reading of a Popen return code ("exit code 1", "signal SIGKILL")."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def job_environment() -> dict[str, str]:
+    """The environment of a job: the agent's, quieter TensorFlow, no stale re-exec marker."""
+    env = dict(os.environ)
+    env.pop("REPRO_JOB_REEXEC", None)  # worker.run's marker: it would suppress the job's re-exec
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env

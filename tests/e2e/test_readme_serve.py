@@ -1,0 +1,53 @@
+"""The README's first command: `repro serve --with-worker` shows a verified rerun, keeps serving."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.jobs import job_env
+from tests.integration.service_procs import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_first_start_prints_identical_verdict_then_keeps_serving(tmp_path: Path) -> None:
+    port = free_port()
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--with-worker",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        env=job_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 300
+        verdict_line = ""
+        for line in proc.stdout:
+            if "verdict" in line:
+                verdict_line = line
+                break
+            assert time.monotonic() < deadline
+        assert "rerun of run 1: verdict identical  blake3:" in verdict_line, verdict_line
+        # Still serving after the demo: the API answers and shows the two runs.
+        runs = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", timeout=10).json()
+        assert [r["status"] for r in runs["items"]] == ["succeeded", "succeeded"]
+        assert runs["items"][0]["verdict"] == "identical"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0

@@ -1,0 +1,151 @@
+"""A real API server and real worker agents as separate processes, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.integration.jobs import job_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "service.cli", *args]
+
+
+class Service:
+    """`repro serve` in its own process, with its own data directory and port."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        database_url: str | None = None,
+        env: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = ["serve", "--port", str(self.port), "--data-dir", str(data_dir), *extra]
+        if database_url:
+            args += ["--database-url", database_url]
+        self.log = data_dir.parent / f"serve-{self.port}.log"
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            _cli(*args),
+            env={**job_env(), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def wait_ready(self, timeout: float = 60) -> Service:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.client.close()
+        self._log.close()
+
+    def submit(
+        self, spec: str, content_type: str = "application/yaml", **headers: str
+    ) -> httpx.Response:
+        return self.client.post(
+            "/api/v1/experiments", content=spec, headers={"content-type": content_type, **headers}
+        )
+
+    def wait_run(
+        self,
+        run_id: int,
+        timeout: float = 240,
+        until: tuple[str, ...] = ("succeeded", "failed", "cancelled"),
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run: dict[str, Any] = self.client.get(f"/api/v1/runs/{run_id}").json()
+            if run["status"] in until:
+                return run
+            time.sleep(0.25)
+        raise TimeoutError(f"run {run_id} still {run['status']}: {self.log.read_text()[-3000:]}")
+
+
+class WorkerProc:
+    """`repro worker` in its own process."""
+
+    def __init__(self, api: str, work_dir: Path, *, name: str = "w") -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.log = work_dir / "agent.log"
+        self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            _cli(
+                "worker", "--api", api, "--name", name, "--work-dir", str(work_dir), "--poll", "0.2"
+            ),
+            env=job_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@contextmanager
+def running(service: Service, *workers_dirs: Path) -> Iterator[tuple[Service, list[WorkerProc]]]:
+    """A ready service and one worker per directory, all stopped afterwards."""
+    workers: list[WorkerProc] = []
+    try:
+        service.wait_ready()
+        workers = [WorkerProc(service.url, d, name=d.name) for d in workers_dirs]
+        yield service, workers
+    finally:
+        for w in workers:
+            w.stop()
+        service.stop()

@@ -1,0 +1,253 @@
+"""End to end through HTTP: real API server, real worker processes, real TensorFlow jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.jobs import REPO, blobs_spec, run_job
+from tests.integration.service_procs import Service, WorkerProc, running
+
+pytestmark = pytest.mark.slow
+
+SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str | None:
+    if request.param == "sqlite":
+        return None  # the embedded default: a SQLite file in the data directory
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+def test_submit_train_rerun_identical(tmp_path: Path, database_url: str | None) -> None:
+    service = Service(tmp_path / "data", database_url=database_url, extra=("--no-demo",))
+    with running(service, tmp_path / "worker") as (svc, _):
+        created = svc.submit(SEED001)
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run"]["id"]
+        seed = created.json()["experiment"]["seed"]
+        run = svc.wait_run(run_id)
+        assert run["status"] == "succeeded", run["error"]
+        assert run["final_fingerprint"].startswith("blake3:")
+        assert run["seed"] == seed == [42, 0]
+        assert run["provenance"]["libraries"]["tensorflow"] == "2.21.0"
+        assert run["provenance"]["spec_hash"] == run["spec_hash"]
+        assert [p["kind"] for p in run["trace"]] == ["init", "epoch", "epoch", "epoch"]
+        assert run["is_reference"] and run["checkpoint_epoch"] == 3
+
+        rerun = svc.client.post(f"/api/v1/runs/{run_id}/rerun")
+        assert rerun.status_code == 202
+        second = svc.wait_run(rerun.json()["id"])
+        assert second["status"] == "succeeded"
+        assert second["verdict"] == "identical", second["verdict_report"]
+        assert second["final_fingerprint"] == run["final_fingerprint"]
+        assert second["rerun_of_id"] == run_id and second["family_id"] == run_id
+
+        # A rerun of the rerun belongs to the same family and is compared with the reference.
+        third = svc.wait_run(svc.client.post(f"/api/v1/runs/{second['id']}/rerun").json()["id"])
+        assert third["family_id"] == run_id and third["reference_run_id"] == run_id
+        assert third["verdict"] == "identical"
+        listed = svc.client.get("/api/v1/runs", params={"verdict": "identical"}).json()
+        assert {r["id"] for r in listed["items"]} == {second["id"], third["id"]}
+
+        events = svc.client.get(f"/api/v1/runs/{run_id}/events").text
+        assert "event: run" in events and '"status": "succeeded"' in events
+
+
+def _blobs(**training: Any) -> str:
+    spec = blobs_spec()
+    spec["training"].update(training)
+    return json.dumps(spec)
+
+
+def test_four_workers_fifty_runs_each_exactly_once(tmp_path: Path, postgres_url: str) -> None:
+    spec = blobs_spec(dataset={"generator": "gaussian_blobs", "batch_size": 8, "train_batches": 2})
+    spec["training"]["epochs"] = 1
+    service = Service(tmp_path / "data", database_url=postgres_url, extra=("--no-demo",))
+    workers = [tmp_path / f"w{i}" for i in range(4)]
+    with running(service, *workers) as (svc, _):
+        run_ids = []
+        for i in range(50):
+            body = json.dumps({**spec, "name": f"tiny-{i}", "seed": i})
+            created = svc.submit(body, "application/json")
+            assert created.status_code == 201
+            run_ids.append(created.json()["run"]["id"])
+        finished = [svc.wait_run(r, timeout=900) for r in run_ids]
+    assert all(r["status"] == "succeeded" for r in finished), [r["error"] for r in finished]
+    # Claimed exactly once each: no run was taken again, so no attempt beyond the first.
+    assert [r["attempt"] for r in finished] == [1] * 50
+    assert len({r["worker_id"] for r in finished}) == 4  # the work was actually shared
+    assert len({r["final_fingerprint"] for r in finished}) == 50
+
+
+def test_killed_worker_run_resumes_elsewhere_with_same_fingerprint(tmp_path: Path) -> None:
+    spec = blobs_spec(dataset={**blobs_spec()["dataset"], "batch_size": 512, "train_batches": 40})
+    spec["training"]["epochs"] = 6
+    reference = run_job(spec, tmp_path / "reference")
+    assert reference.result.status == "succeeded"
+
+    env = {"REPRO_LEASE_SECONDS": "4", "REPRO_HEARTBEAT_SECONDS": "1"}
+    service = Service(tmp_path / "data", env=env, extra=("--no-demo",))
+    with running(service, tmp_path / "first") as (svc, (first,)):
+        run_id = svc.submit(json.dumps(spec), "application/json").json()["run"]["id"]
+        deadline = time.monotonic() + 240
+        while svc.client.get(f"/api/v1/runs/{run_id}").json()["checkpoint_epoch"] is None:
+            assert time.monotonic() < deadline, "no checkpoint uploaded"
+            time.sleep(0.2)
+        first.kill()  # SIGKILL: no goodbye, the job process dies with it
+        killed_at = svc.client.get(f"/api/v1/runs/{run_id}").json()
+        assert killed_at["status"] == "running" and killed_at["attempt"] == 1
+        second = WorkerProc(svc.url, tmp_path / "second", name="second")
+        try:
+            done = svc.wait_run(run_id)
+        finally:
+            second.stop()
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempt"] == 2
+    assert done["result_summary"]["resumed_from_epoch"] >= 1
+    assert done["final_fingerprint"] == reference.result.final_fingerprint
+
+
+# --- bad input: clear errors, nothing stored, never a 500 -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    service = Service(tmp_path_factory.mktemp("api") / "data", extra=("--no-demo",))
+    service.wait_ready()
+    yield service
+    service.stop()
+
+
+def _count(api: Service) -> int:
+    return int(api.client.get("/api/v1/experiments").json()["total"])
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "needle"),
+    [
+        ("name: [", "application/yaml", 400, "malformed YAML"),
+        ('{"name": ', "application/json", 400, "malformed JSON"),
+        (
+            SEED001.replace("batch_size: 16", "batch_size: -3"),
+            "application/yaml",
+            422,
+            "dataset.batch_size",
+        ),
+        (
+            SEED001.replace("generator: gaussian_blobs", "generator: imagenet"),
+            "application/yaml",
+            422,
+            "known: gaussian_blobs, pattern_images, regression",
+        ),
+        (SEED001 + "\nsurprise: 1\n", "application/yaml", 422, "surprise"),
+        (SEED001, "text/csv", 415, "JSON or YAML"),
+        ("x" * 2_000_000, "application/yaml", 413, "larger than"),
+    ],
+)
+def test_bad_submissions_are_rejected_and_store_nothing(
+    api: Service, body: str, content_type: str, status: int, needle: str
+) -> None:
+    before = _count(api)
+    response = api.submit(body, content_type)
+    assert response.status_code == status, response.text
+    assert needle in response.text
+    assert _count(api) == before
+
+
+def test_idempotency_key_returns_the_original(api: Service) -> None:
+    first = api.submit(SEED001, **{"Idempotency-Key": "abc-1"})
+    again = api.submit(SEED001, **{"Idempotency-Key": "abc-1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["run"]["id"] == first.json()["run"]["id"]
+    other = api.submit(SEED001.replace("seed: 42", "seed: 43"), **{"Idempotency-Key": "abc-1"})
+    assert other.status_code == 409
+
+
+def test_unknown_ids_are_404_and_foreign_reports_409(api: Service) -> None:
+    assert api.client.get("/api/v1/runs/999999").status_code == 404
+    assert api.client.post("/api/v1/runs/999999/rerun").status_code == 404
+    assert api.client.get("/api/v1/experiments/999999").status_code == 404
+    run_id = api.submit(SEED001).json()["run"]["id"]
+    worker = api.client.post("/api/v1/workers/register", json={"name": "probe"}).json()
+    claimed = api.client.post(f"/api/v1/workers/{worker['id']}/claim")
+    assert claimed.status_code == 200
+    held = claimed.json()["run"]["id"]
+    stranger = api.client.post("/api/v1/workers/register", json={"name": "stranger"}).json()
+    for path, body in [
+        ("heartbeat", {"worker_id": stranger["id"]}),
+        ("fail", {"worker_id": stranger["id"], "error": {"type": "X", "message": "no"}}),
+        ("release", {"worker_id": stranger["id"]}),
+    ]:
+        response = api.client.post(f"/api/v1/runs/{held}/{path}", json=body)
+        assert response.status_code == 409, (path, response.text)
+    still = api.client.get(f"/api/v1/runs/{held}").json()
+    assert still["status"] == "running" and still["worker_id"] == worker["id"]
+    assert run_id  # the submission above was stored
+
+
+def test_tampered_artifact_upload_is_rejected_and_leaves_no_file(
+    api: Service, tmp_path: Path
+) -> None:
+    api.submit(SEED001)
+    worker = api.client.post("/api/v1/workers/register", json={"name": "up"}).json()
+    run_id = api.client.post(f"/api/v1/workers/{worker['id']}/claim").json()["run"]["id"]
+    data = b"weights" * 1000
+    good = hashlib.sha256(data).hexdigest()
+    params = {
+        "worker_id": worker["id"],
+        "kind": "checkpoint",
+        "name": "epoch-000001.npz",
+        "epoch": 1,
+    }
+    bad = api.client.post(
+        f"/api/v1/runs/{run_id}/artifacts",
+        params=params,
+        content=data[:-1],
+        headers={"X-Content-SHA256": good},
+    )
+    assert bad.status_code == 400 and "SHA-256" in bad.text
+    stored = api.data_dir / "artifacts"
+    assert not stored.exists() or not [p for p in stored.rglob("*") if p.is_file()]
+    ok = api.client.post(
+        f"/api/v1/runs/{run_id}/artifacts",
+        params=params,
+        content=data,
+        headers={"X-Content-SHA256": good},
+    )
+    assert ok.status_code == 201 and ok.json()["size"] == len(data)
+    download = api.client.get(f"/api/v1/artifacts/{ok.json()['id']}")
+    assert download.content == data
+    assert [p.name for p in stored.rglob("*") if p.is_file()] == [good]
+
+
+def test_cancelled_run_cannot_be_rerun(api: Service) -> None:
+    run_id = api.submit(SEED001).json()["run"]["id"]
+    assert api.client.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    again = api.client.post(f"/api/v1/runs/{run_id}/rerun")
+    assert again.status_code == 409 and "cancelled" in again.text
+
+
+def test_no_5xx_for_odd_requests(api: Service) -> None:
+    odd = [
+        ("GET", "/api/v1/runs?limit=0", None),
+        ("GET", "/api/v1/runs?status=exploded", None),
+        ("GET", "/api/v1/runs/abc", None),
+        ("POST", "/api/v1/workers/register", b"[]"),
+        ("POST", "/api/v1/workers/999/claim", None),
+        ("POST", "/api/v1/runs/1/complete", b'{"worker_id": 1, "result": {"status": "meh"}}'),
+    ]
+    for method, path, body in odd:
+        response = api.client.request(
+            method, path, content=body, headers={"content-type": "application/json"}
+        )
+        assert response.status_code < 500, (path, response.status_code, response.text)
+    assert isinstance(api.client, httpx.Client)
