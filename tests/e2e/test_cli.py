@@ -82,3 +82,35 @@ def test_run_fails_clearly_on_a_bad_spec(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "dataset: Field required" in done.stderr
     assert json.loads((tmp_path / "r.json").read_text())["status"] == "failed"
+
+
+def test_submit_wait_and_rerun_wait_against_a_service(tmp_path: Path) -> None:
+    from tests.integration.service_procs import Service, running
+
+    service = Service(tmp_path / "data", extra=("--no-demo",))
+    with running(service, tmp_path / "worker") as (svc, _):
+        api = ("--api", svc.url)
+        submitted = repro(
+            "submit",
+            str(REPO / "examples" / "seed001.yaml"),
+            "--wait",
+            "--json",
+            *api,
+            cwd=tmp_path,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        first = json.loads(submitted.stdout)
+        assert first["status"] == "succeeded" and first["verdict"] is None
+        again = repro("rerun", str(first["id"]), "--wait", *api, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert f"verdict vs run {first['id']}: identical" in again.stdout
+        table = repro("status", *api, cwd=tmp_path)
+        assert table.returncode == 0 and "identical" in table.stderr
+        ids = sorted(
+            r["id"]
+            for r in json.loads(repro("status", "--json", *api, cwd=tmp_path).stdout)["items"]
+        )
+        same = repro("compare", str(ids[0]), str(ids[1]), *api, cwd=tmp_path)
+        assert same.returncode == 0 and same.stdout.startswith("identical")
+        missing = repro("rerun", "9999", *api, cwd=tmp_path)
+        assert missing.returncode == 2 and "404" in missing.stderr

@@ -251,3 +251,50 @@ def test_no_5xx_for_odd_requests(api: Service) -> None:
         )
         assert response.status_code < 500, (path, response.status_code, response.text)
     assert isinstance(api.client, httpx.Client)
+
+
+def test_lease_expiry_requeues_then_fails_after_max_attempts(tmp_path: Path) -> None:
+    env = {"REPRO_LEASE_SECONDS": "0.5", "REPRO_MAX_ATTEMPTS": "2"}
+    service = Service(tmp_path / "data", env=env, extra=("--no-demo",))
+    with running(service) as (svc, _):
+        run_id = svc.submit(SEED001).json()["run"]["id"]
+        silent = svc.client.post("/api/v1/workers/register", json={"name": "silent"}).json()
+        claim = svc.client.post(f"/api/v1/workers/{silent['id']}/claim").json()
+        assert claim["run"]["id"] == run_id and claim["run"]["attempt"] == 1
+        time.sleep(0.7)  # no heartbeat: the lease runs out
+        again = svc.client.post(f"/api/v1/workers/{silent['id']}/claim").json()
+        assert again["run"]["id"] == run_id and again["run"]["attempt"] == 2
+        late = svc.client.post(f"/api/v1/runs/{run_id}/heartbeat", json={"worker_id": silent["id"]})
+        assert late.status_code == 200  # still the holder of attempt 2
+        time.sleep(0.7)
+        assert svc.client.post(f"/api/v1/workers/{silent['id']}/claim").status_code == 204
+        failed = svc.client.get(f"/api/v1/runs/{run_id}").json()
+    assert failed["status"] == "failed" and failed["attempt"] == 2
+    assert failed["error"]["type"] == "LeaseExpired"
+    assert "gave up after 2 attempts" in failed["error"]["message"]
+
+
+def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path: Path) -> None:
+    spec = blobs_spec(dataset={**blobs_spec()["dataset"], "batch_size": 512, "train_batches": 150})
+    spec["training"]["epochs"] = 5
+    service = Service(tmp_path / "data", extra=("--no-demo",))
+    with running(service, tmp_path / "first") as (svc, (first,)):
+        run_id = svc.submit(json.dumps(spec), "application/json").json()["run"]["id"]
+        deadline = time.monotonic() + 120
+        while "epoch" not in (svc.client.get(f"/api/v1/runs/{run_id}").json()["progress"] or {}):
+            assert time.monotonic() < deadline, "no training progress reported"
+            time.sleep(0.1)
+        first.stop()  # SIGTERM: finish the epoch, checkpoint, release, exit
+        assert first.proc.returncode == 0
+        released = svc.client.get(f"/api/v1/runs/{run_id}").json()
+        assert released["status"] == "queued" and released["attempt"] == 0
+        assert released["checkpoint_epoch"] is not None and released["checkpoint_epoch"] < 5
+        second = WorkerProc(svc.url, tmp_path / "second", name="second")
+        try:
+            done = svc.wait_run(run_id)
+        finally:
+            second.stop()
+    assert done["status"] == "succeeded"
+    assert done["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
+    reference = run_job(spec, tmp_path / "reference")
+    assert done["final_fingerprint"] == reference.result.final_fingerprint
