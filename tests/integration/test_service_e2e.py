@@ -298,3 +298,22 @@ def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path:
     assert done["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
     reference = run_job(spec, tmp_path / "reference")
     assert done["final_fingerprint"] == reference.result.final_fingerprint
+
+
+def test_a_pinned_image_is_claimed_only_by_a_worker_that_has_it(api: Service) -> None:
+    image = "registry.example/reprotrain-worker@sha256:" + "ab" * 32
+    pinned = SEED001 + f"\nenvironment: {{image: '{image}'}}\n"
+    created = api.submit(pinned)
+    assert created.status_code == 201 and created.json()["run"]["required_image"] == image
+    # Drain everything else first, with a worker that can run no image.
+    plain = api.client.post("/api/v1/workers/register", json={"name": "plain"}).json()
+    while api.client.post(f"/api/v1/workers/{plain['id']}/claim").status_code == 200:
+        pass
+    assert api.client.get(f"/api/v1/runs/{created.json()['run']['id']}").json()["status"] == (
+        "queued"
+    )
+    capable = api.client.post(
+        "/api/v1/workers/register", json={"name": "capable", "images": [image]}
+    ).json()
+    claim = api.client.post(f"/api/v1/workers/{capable['id']}/claim").json()
+    assert claim["run"]["id"] == created.json()["run"]["id"] and claim["run"]["image"] == image
