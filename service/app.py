@@ -9,6 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.main import api_router, install_error_handlers
 from service.api.routes import health
+from service.auth import FailureLimiter
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
 
@@ -53,6 +54,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.auth_failures = FailureLimiter(
+        settings.auth_failures_allowed, settings.auth_failure_window_seconds
+    )
     app.include_router(health.router)
     app.include_router(api_router)
     install_error_handlers(app)

@@ -228,6 +228,30 @@ class ApiClient:
         """Cancel a queued or running run; returns the run."""
         return _as_dict(self._call("POST", f"{API}/runs/{run_id}/cancel"))
 
+    def create_token(
+        self, name: str, role: str, *, expires_in_days: float | None = None
+    ) -> dict[str, Any]:
+        """Create a token (admins); the response holds its secret, shown only this once."""
+        body = {"name": name, "role": role, "expires_in_days": expires_in_days}
+        return _as_dict(self._call("POST", f"{API}/tokens", json=body))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """Every token, without secrets (admins)."""
+        response = self._call("GET", f"{API}/tokens")
+        items: list[dict[str, Any]] = response.json()
+        return items
+
+    def revoke_token(self, token_id: Id) -> dict[str, Any]:
+        """Revoke a token (admins)."""
+        return _as_dict(self._call("POST", f"{API}/tokens/{token_id}/revoke"))
+
+    def audit(self, *, action: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """A page of the audit log, newest first (admins)."""
+        params: dict[str, Id] = {"limit": limit}
+        if action:
+            params["action"] = action
+        return _as_dict(self._call("GET", f"{API}/audit", params=params))
+
     def wait(
         self,
         run_id: Id,

@@ -25,6 +25,15 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=5, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     max_artifact_bytes: int = Field(default=8 * 1024**3, ge=1024)
+    # Bounds on the work one spec may ask for; the operator tunes them.
+    max_epochs: int = Field(default=10_000, ge=1)
+    max_batch_size: int = Field(default=65_536, ge=1)
+    max_batches_per_epoch: int = Field(default=1_000_000, ge=1)
+    max_total_steps: int = Field(default=10_000_000, ge=1)
+    max_model_parameters: int = Field(default=500_000_000, ge=1)
+    # Invalid bearer tokens tolerated per client address and window before 429.
+    auth_failures_allowed: int = Field(default=20, ge=1)
+    auth_failure_window_seconds: float = Field(default=60.0, gt=0)
 
     @property
     def resolved_database_url(self) -> str:

@@ -57,3 +57,21 @@ class DigestMismatch(ServiceError):
     """The uploaded bytes do not match the declared digest; nothing was stored."""
 
     status_code = 400
+
+
+class Unauthorized(ServiceError):
+    """A valid bearer token is required."""
+
+    status_code = 401
+
+
+class Forbidden(ServiceError):
+    """This token's role does not allow that."""
+
+    status_code = 403
+
+
+class RateLimited(ServiceError):
+    """Too many requests."""
+
+    status_code = 429

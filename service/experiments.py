@@ -9,6 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.auth import Principal, audit
+from service.config import Settings
 from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
 from service.models import Experiment, Run, utcnow
 from worker import registry
@@ -17,7 +19,9 @@ from worker.seeds import resolve_seed
 from worker.spec import ExperimentSpec, parse_spec_text
 
 
-def parse_submission(body: bytes, fmt: Literal["json", "yaml"]) -> ExperimentSpec:
+def parse_submission(
+    body: bytes, fmt: Literal["json", "yaml"], *, settings: Settings
+) -> ExperimentSpec:
     """The validated spec of a request body; MalformedBody or InvalidSpec otherwise."""
     try:
         spec = parse_spec_text(body, fmt=fmt)
@@ -26,7 +30,33 @@ def parse_submission(body: bytes, fmt: Literal["json", "yaml"]) -> ExperimentSpe
         raise MalformedBody(str(exc), errors=exc.errors) from None
     except SpecError as exc:
         raise InvalidSpec(str(exc), errors=exc.errors) from None
+    check_limits(spec, settings)
     return spec
+
+
+def check_limits(spec: ExperimentSpec, settings: Settings) -> None:
+    """InvalidSpec if the spec asks for more work than this server's operator allows."""
+    ds, tr = spec.dataset, spec.training
+    checks = [
+        ("training.epochs", tr.epochs, settings.max_epochs, "epochs"),
+        ("dataset.batch_size", ds.batch_size, settings.max_batch_size, "samples per batch"),
+        ("dataset.train_batches", ds.train_batches, settings.max_batches_per_epoch, "batches"),
+        ("dataset.eval_batches", ds.eval_batches, settings.max_batches_per_epoch, "batches"),
+        (
+            "training.epochs",
+            tr.epochs * ds.train_batches,
+            settings.max_total_steps,
+            "total steps (epochs x train_batches)",
+        ),
+    ]
+    errors = [
+        {"loc": loc, "msg": f"{value} {unit} exceeds this server's limit of {limit}"}
+        for loc, value, limit, unit in checks
+        if value > limit
+    ]
+    if errors:
+        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+        raise InvalidSpec(f"spec exceeds limits: {detail}", errors=errors)
 
 
 def create_experiment(
@@ -35,6 +65,7 @@ def create_experiment(
     spec: ExperimentSpec,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    actor: Principal | None = None,
 ) -> tuple[Experiment, Run, bool]:
     """Store the spec with its resolved seed and queue its first run.
 
@@ -70,6 +101,14 @@ def create_experiment(
             raise
         return found[0], found[1], False
     run.family_id = run.id
+    audit(
+        db=db,
+        actor=actor,
+        action="experiment.submit",
+        target_type="experiment",
+        target_id=experiment.id,
+        details={"run_id": run.id, "spec_hash": experiment.spec_hash},
+    )
     db.commit()
     return experiment, run, True
 
@@ -106,7 +145,7 @@ def get_experiment(db: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
-def rerun(*, db: Session, run_id: int) -> Run:
+def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
     original = get_run(db, run_id)
     if original.status == "cancelled":
@@ -129,11 +168,20 @@ def rerun(*, db: Session, run_id: int) -> Run:
         required_image=image,
     )
     db.add(new)
+    db.flush()
+    audit(
+        db=db,
+        actor=actor,
+        action="run.rerun",
+        target_type="run",
+        target_id=new.id,
+        details={"rerun_of": original.id, "image": image},
+    )
     db.commit()
     return new
 
 
-def cancel(*, db: Session, run_id: int) -> Run:
+def cancel(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     """Cancel a queued or running run; the worker holding it loses its lease."""
     run = get_run(db, run_id)
     if run.status not in ("queued", "running"):
@@ -142,5 +190,6 @@ def cancel(*, db: Session, run_id: int) -> Run:
     run.lease_expires_at = None
     run.error = {"type": "Cancelled", "message": "cancelled by request"}
     run.finished_at = utcnow()
+    audit(db=db, actor=actor, action="run.cancel", target_type="run", target_id=run.id)
     db.commit()
     return run

@@ -41,12 +41,48 @@ class Experiment(Base):
     runs: Mapped[list[Run]] = relationship(back_populates="experiment", order_by="Run.id")
 
 
+class ApiToken(Base):
+    """A bearer token: only its hash is stored; the secret is shown once, at creation."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class AuditEvent(Base):
+    """Who did what to which resource, and when."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"))
+    actor: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))
+    action: Mapped[str] = mapped_column(String(40), index=True)
+    target_type: Mapped[str] = mapped_column(String(40))
+    target_id: Mapped[int | None]
+    details: Mapped[dict[str, Any]]
+
+
 class Worker(Base):
     """A registered worker agent and what it can run."""
 
     __tablename__ = "workers"
 
     id: Mapped[int] = mapped_column(primary_key=True)
+    # The worker token that registered it: only that token may act as this worker.
+    token_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", name="fk_workers_token_id")
+    )
     name: Mapped[str] = mapped_column(String(200))
     hostname: Mapped[str] = mapped_column(String(200), default="")
     executors: Mapped[list[Any]]

@@ -13,14 +13,16 @@ from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from service import verdicts
+from service.auth import Principal
 from service.config import Settings
-from service.errors import NotFound, NotHeld
+from service.errors import Forbidden, NotFound, NotHeld
 from service.models import TERMINAL_STATUSES, Artifact, Run, TracePointRow, Worker, utcnow
 from worker.result import JobResult
 
 
 def register_worker(
     *,
+    token_id: int | None,
     db: Session,
     name: str,
     hostname: str,
@@ -29,7 +31,14 @@ def register_worker(
     gpu: str | None,
 ) -> Worker:
     """A new worker record."""
-    worker = Worker(name=name, hostname=hostname, executors=executors, images=images, gpu=gpu)
+    worker = Worker(
+        token_id=token_id,
+        name=name,
+        hostname=hostname,
+        executors=executors,
+        images=images,
+        gpu=gpu,
+    )
     db.add(worker)
     db.commit()
     return worker
@@ -41,6 +50,27 @@ def get_worker(db: Session, worker_id: int) -> Worker:
     if worker is None:
         raise NotFound(f"worker {worker_id} is not registered")
     return worker
+
+
+def check_worker(db: Session, worker_id: int, principal: Principal) -> Worker:
+    """The worker if this token registered it; Forbidden (403) for anyone else's worker."""
+    worker = get_worker(db, worker_id)
+    if worker.token_id != principal.token_id:
+        raise Forbidden(f"worker {worker_id} belongs to another token")
+    return worker
+
+
+def check_holds(db: Session, run_id: int, principal: Principal) -> None:
+    """Forbidden unless one of this token's workers holds the run now."""
+    run = db.get(Run, run_id)
+    holder = db.get(Worker, run.worker_id) if run and run.worker_id else None
+    if (
+        run is None
+        or run.status != "running"
+        or holder is None
+        or (holder.token_id != principal.token_id)
+    ):
+        raise Forbidden(f"this worker does not hold run {run_id}")
 
 
 def requeue_expired(*, db: Session, settings: Settings) -> None:
@@ -111,6 +141,8 @@ def held_run(db: Session, run_id: int, worker_id: int) -> Run:
     run = db.scalar(query.execution_options(populate_existing=True))
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
+    if run.status == "running" and run.worker_id is not None and run.worker_id != worker_id:
+        raise Forbidden(f"run {run_id} is held by another worker")
     if run.status != "running" or run.worker_id != worker_id:
         raise NotHeld(f"worker {worker_id} does not hold run {run_id} (status {run.status})")
     return run

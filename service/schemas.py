@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
@@ -177,3 +177,40 @@ class ArtifactOut(BaseModel):
     epoch: int | None
     sha256: str
     size: int
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    role: Literal["admin", "submitter", "worker", "viewer"]
+    expires_in_days: float | None = Field(default=None, gt=0, le=3650)
+
+
+class TokenOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    role: str
+    created_at: UtcDatetime
+    expires_at: UtcDatetime | None
+    revoked_at: UtcDatetime | None
+    last_used_at: UtcDatetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str
+
+
+class AuditOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    at: UtcDatetime
+    actor: str
+    role: str
+    action: str
+    target_type: str
+    target_id: int | None
+    details: dict[str, Any]

@@ -1,14 +1,17 @@
-"""Typed dependencies shared by the routes."""
+"""Typed dependencies shared by the routes: session, settings, and who is calling."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from service import auth
+from service.auth import Permission, Principal
 from service.config import Settings
+from service.errors import Unauthorized
 
 
 def get_db(request: Request) -> Iterator[Session]:
@@ -25,3 +28,35 @@ def get_app_settings(request: Request) -> Settings:
 
 SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_principal(request: Request, db: SessionDep) -> Principal:
+    """The caller of a bearer token; 401 without a valid one, 429 after too many bad ones."""
+    limiter: auth.FailureLimiter = request.app.state.auth_failures
+    client = request.client.host if request.client else "unknown"
+    limiter.check(client)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("send a bearer token: Authorization: Bearer <token>")
+    try:
+        return auth.verify(db, token.strip())
+    except Unauthorized:
+        limiter.failed(client)
+        raise
+
+
+def require(permission: Permission) -> Callable[..., Principal]:
+    """A dependency that admits only roles granted `permission` (403 for the others)."""
+
+    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        principal.require(permission)
+        return principal
+
+    return dependency
+
+
+AnyRole = Annotated[Principal, Depends(get_principal)]
+ReadAccess = Annotated[Principal, Depends(require("read"))]
+SubmitAccess = Annotated[Principal, Depends(require("submit"))]
+WorkAccess = Annotated[Principal, Depends(require("work"))]
+AdminAccess = Annotated[Principal, Depends(require("admin"))]

@@ -6,13 +6,14 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from service.api.routes import experiments, runs, workers
+from service.api.routes import admin, experiments, runs, workers
 from service.errors import ServiceError
 
 api_router = APIRouter(prefix="/api/v1")
 api_router.include_router(experiments.router)
 api_router.include_router(runs.router)
 api_router.include_router(workers.router)
+api_router.include_router(admin.router)
 
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
@@ -20,7 +21,8 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     body: dict[str, object] = {"detail": str(exc)}
     if exc.errors:
         body["errors"] = exc.errors
-    return JSONResponse(body, status_code=exc.status_code)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

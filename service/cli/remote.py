@@ -11,7 +11,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service.cli.local import verdict as file_verdict
-from service.cli.output import DEFAULT_API, ApiOption, JsonFlag, TokenOption, emit_json, err
+from service.cli.output import (
+    DEFAULT_API,
+    ApiOption,
+    JsonFlag,
+    TokenOption,
+    emit_json,
+    err,
+    resolve_token,
+)
 from service.client import ApiClient, ApiError
 from worker.result import read_result
 from worker.verdict import compare_runs, describe
@@ -21,7 +29,7 @@ TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after
 
 
 def _client(api: str, token: str | None) -> ApiClient:
-    return ApiClient(api, token)
+    return ApiClient(api, resolve_token(token))
 
 
 def _fail(exc: ApiError) -> typer.Exit:

@@ -51,12 +51,12 @@ def _is_first_start(settings: Settings) -> bool:
         engine.dispose()
 
 
-def _demo(api: str, spec: Path) -> None:
+def _demo(api: str, token: str, spec: Path) -> None:
     """Submit the example, rerun it, and print the verdict (first start only)."""
     from service.client import ApiClient
     from worker.verdict import describe
 
-    client = ApiClient(api)
+    client = ApiClient(api, token)
     out = client.submit(
         spec.read_text(), content_type="application/yaml", idempotency_key="first-start-demo"
     )
@@ -74,6 +74,37 @@ def _demo(api: str, spec: Path) -> None:
     line = describe(report) if report else f"no verdict ({detail['status']})"
     typer.echo(f"demo: run {rerun['id']} rerun of run {run_id}: verdict {line}", err=False)
     err.print(f"[bold]demo:[/bold] see {api}/api/v1/runs/{rerun['id']}  (Ctrl-C to stop)")
+
+
+def _bootstrap_tokens(settings: Settings, *, with_worker: bool) -> tuple[str | None, str | None]:
+    """The local admin token (created on a fresh database) and the local worker's token."""
+    from service.db import make_engine, make_sessionmaker
+    from service.errors import Unauthorized
+    from service.tokens_bootstrap import ADMIN_TOKEN_FILE, WORKER_TOKEN_FILE, ensure_token
+
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with make_sessionmaker(engine)() as db:
+            admin: str | None = None
+            try:
+                admin, created = ensure_token(
+                    db, settings.data_dir, ADMIN_TOKEN_FILE, role="admin", name="local admin"
+                )
+                where = settings.data_dir / ADMIN_TOKEN_FILE
+                err.print(
+                    f"admin token {'created and ' if created else ''}kept in {where} "
+                    "(owner-only); send it as 'Authorization: Bearer <token>'"
+                )
+            except Unauthorized as exc:
+                err.print(f"[yellow]no local admin token:[/yellow] {exc}")
+            worker = None
+            if with_worker:
+                worker, _ = ensure_token(
+                    db, settings.data_dir, WORKER_TOKEN_FILE, role="worker", name="local worker"
+                )
+            return admin, worker
+    finally:
+        engine.dispose()
 
 
 def serve(
@@ -96,6 +127,7 @@ def serve(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.resolved_database_url)
     first_start = _is_first_start(settings)
+    admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning")
     )
@@ -107,18 +139,24 @@ def serve(
         time.sleep(0.05)
     api = f"http://{host}:{port}"
     err.print(f"Reprotrain API on {api}  (docs: {api}/docs, data: {settings.data_dir})")
+    if admin_token:
+        err.print(f"log in with the admin token: {api}/docs  (Authorize → {admin_token[:12]}…)")
 
     agent, agent_thread = None, None
     if with_worker:
         from service.agent import Agent
         from service.client import ApiClient
 
-        agent = Agent(ApiClient(api), name="local", work_dir=settings.data_dir / "worker")
+        agent = Agent(
+            ApiClient(api, worker_token), name="local", work_dir=settings.data_dir / "worker"
+        )
         agent_thread = threading.Thread(target=agent.run, name="worker", daemon=True)
         agent_thread.start()
     example = EXAMPLES / "seed001.yaml"
-    if demo and first_start and with_worker and example.exists():
-        threading.Thread(target=_demo, args=(api, example), name="demo", daemon=True).start()
+    if demo and first_start and with_worker and admin_token and example.exists():
+        threading.Thread(
+            target=_demo, args=(api, admin_token, example), name="demo", daemon=True
+        ).start()
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

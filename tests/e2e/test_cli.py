@@ -89,7 +89,7 @@ def test_submit_wait_and_rerun_wait_against_a_service(tmp_path: Path) -> None:
 
     service = Service(tmp_path / "data", extra=("--no-demo",))
     with running(service, tmp_path / "worker") as (svc, _):
-        api = ("--api", svc.url)
+        api = ("--api", svc.url, "--token", svc.admin_token)
         submitted = repro(
             "submit",
             str(REPO / "examples" / "seed001.yaml"),

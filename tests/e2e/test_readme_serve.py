@@ -46,7 +46,13 @@ def test_first_start_prints_identical_verdict_then_keeps_serving(tmp_path: Path)
             assert time.monotonic() < deadline
         assert "rerun of run 1: verdict identical  blake3:" in verdict_line, verdict_line
         # Still serving after the demo: the API answers and shows the two runs.
-        runs = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", timeout=10).json()
+        token = (tmp_path / "data" / "admin-token").read_text().strip()
+        assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600
+        runs = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/runs",
+            timeout=10,
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
         assert [r["status"] for r in runs["items"]] == ["succeeded", "succeeded"]
         assert runs["items"][0]["verdict"] == "identical"
         proc.send_signal(signal.SIGTERM)

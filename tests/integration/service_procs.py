@@ -29,7 +29,10 @@ def _cli(*args: str) -> list[str]:
 
 
 class Service:
-    """`repro serve` in its own process, with its own data directory and port."""
+    """`repro serve` in its own process, with its own data directory and port.
+
+    Once ready, `client` carries the admin token the server created on first start.
+    """
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class Service:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_token = ""
         args = ["serve", "--port", str(self.port), "--data-dir", str(data_dir), *extra]
         if database_url:
             args += ["--database-url", database_url]
@@ -56,6 +60,7 @@ class Service:
             text=True,
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
+        self._clients: list[httpx.Client] = []
 
     def wait_ready(self, timeout: float = 60) -> Service:
         deadline = time.monotonic() + timeout
@@ -64,11 +69,26 @@ class Service:
                 raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
             try:
                 if self.client.get("/readyz").status_code == 200:
+                    self.admin_token = (self.data_dir / "admin-token").read_text().strip()
+                    self.client.headers["Authorization"] = f"Bearer {self.admin_token}"
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def token(self, role: str, name: str = "test") -> str:
+        """A new token of `role`, created with the admin token."""
+        created = self.client.post("/api/v1/tokens", json={"name": name, "role": role})
+        assert created.status_code == 201, created.text
+        return str(created.json()["token"])
+
+    def client_for(self, role: str, name: str = "test") -> httpx.Client:
+        """An HTTP client authenticated with a new token of `role`."""
+        headers = {"Authorization": f"Bearer {self.token(role, name)}"}
+        client = httpx.Client(base_url=self.url, timeout=30, headers=headers)
+        self._clients.append(client)  # closed in stop()
+        return client
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -80,7 +100,8 @@ class Service:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        self.client.close()
+        for client in [self.client, *self._clients]:
+            client.close()
         self._log.close()
 
     def submit(
@@ -104,17 +125,33 @@ class Service:
             time.sleep(0.25)
         raise TimeoutError(f"run {run_id} still {run['status']}: {self.log.read_text()[-3000:]}")
 
+    def worker(self, work_dir: Path) -> WorkerProc:
+        """A worker agent process with its own worker token."""
+        return WorkerProc(
+            self.url, work_dir, token=self.token("worker", work_dir.name), name=work_dir.name
+        )
+
 
 class WorkerProc:
     """`repro worker` in its own process."""
 
-    def __init__(self, api: str, work_dir: Path, *, name: str = "w") -> None:
+    def __init__(self, api: str, work_dir: Path, *, token: str, name: str = "w") -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         self.log = work_dir / "agent.log"
         self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             _cli(
-                "worker", "--api", api, "--name", name, "--work-dir", str(work_dir), "--poll", "0.2"
+                "worker",
+                "--api",
+                api,
+                "--token",
+                token,
+                "--name",
+                name,
+                "--work-dir",
+                str(work_dir),
+                "--poll",
+                "0.2",
             ),
             env=job_env(),
             stdout=self._log,
@@ -143,7 +180,7 @@ def running(service: Service, *workers_dirs: Path) -> Iterator[tuple[Service, li
     workers: list[WorkerProc] = []
     try:
         service.wait_ready()
-        workers = [WorkerProc(service.url, d, name=d.name) for d in workers_dirs]
+        workers = [service.worker(d) for d in workers_dirs]
         yield service, workers
     finally:
         for w in workers:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.jobs import REPO, blobs_spec, run_job
-from tests.integration.service_procs import Service, WorkerProc, running
+from tests.integration.service_procs import Service, running
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +105,7 @@ def test_killed_worker_run_resumes_elsewhere_with_same_fingerprint(tmp_path: Pat
         first.kill()  # SIGKILL: no goodbye, the job process dies with it
         killed_at = svc.client.get(f"/api/v1/runs/{run_id}").json()
         assert killed_at["status"] == "running" and killed_at["attempt"] == 1
-        second = WorkerProc(svc.url, tmp_path / "second", name="second")
+        second = svc.worker(tmp_path / "second")
         try:
             done = svc.wait_run(run_id)
         finally:
@@ -172,23 +172,30 @@ def test_idempotency_key_returns_the_original(api: Service) -> None:
     assert other.status_code == 409
 
 
-def test_unknown_ids_are_404_and_foreign_reports_409(api: Service) -> None:
+def test_unknown_ids_are_404_and_foreign_reports_403(api: Service) -> None:
     assert api.client.get("/api/v1/runs/999999").status_code == 404
     assert api.client.post("/api/v1/runs/999999/rerun").status_code == 404
     assert api.client.get("/api/v1/experiments/999999").status_code == 404
     run_id = api.submit(SEED001).json()["run"]["id"]
-    worker = api.client.post("/api/v1/workers/register", json={"name": "probe"}).json()
-    claimed = api.client.post(f"/api/v1/workers/{worker['id']}/claim")
+    probe = api.client_for("worker", "probe")
+    worker = probe.post("/api/v1/workers/register", json={"name": "probe"}).json()
+    claimed = probe.post(f"/api/v1/workers/{worker['id']}/claim")
     assert claimed.status_code == 200
     held = claimed.json()["run"]["id"]
-    stranger = api.client.post("/api/v1/workers/register", json={"name": "stranger"}).json()
+    other = api.client_for("worker", "stranger")
+    stranger = other.post("/api/v1/workers/register", json={"name": "stranger"}).json()
     for path, body in [
         ("heartbeat", {"worker_id": stranger["id"]}),
         ("fail", {"worker_id": stranger["id"], "error": {"type": "X", "message": "no"}}),
         ("release", {"worker_id": stranger["id"]}),
     ]:
-        response = api.client.post(f"/api/v1/runs/{held}/{path}", json=body)
-        assert response.status_code == 409, (path, response.text)
+        response = other.post(f"/api/v1/runs/{held}/{path}", json=body)
+        assert response.status_code == 403, (path, response.text)
+        # ...and the stranger cannot pretend to be the holder either.
+        impostor = other.post(
+            f"/api/v1/runs/{held}/{path}", json={**body, "worker_id": worker["id"]}
+        )
+        assert impostor.status_code == 403, (path, impostor.text)
     still = api.client.get(f"/api/v1/runs/{held}").json()
     assert still["status"] == "running" and still["worker_id"] == worker["id"]
     assert run_id  # the submission above was stored
@@ -198,8 +205,9 @@ def test_tampered_artifact_upload_is_rejected_and_leaves_no_file(
     api: Service, tmp_path: Path
 ) -> None:
     api.submit(SEED001)
-    worker = api.client.post("/api/v1/workers/register", json={"name": "up"}).json()
-    run_id = api.client.post(f"/api/v1/workers/{worker['id']}/claim").json()["run"]["id"]
+    up = api.client_for("worker", "up")
+    worker = up.post("/api/v1/workers/register", json={"name": "up"}).json()
+    run_id = up.post(f"/api/v1/workers/{worker['id']}/claim").json()["run"]["id"]
     data = b"weights" * 1000
     good = hashlib.sha256(data).hexdigest()
     params = {
@@ -208,7 +216,7 @@ def test_tampered_artifact_upload_is_rejected_and_leaves_no_file(
         "name": "epoch-000001.npz",
         "epoch": 1,
     }
-    bad = api.client.post(
+    bad = up.post(
         f"/api/v1/runs/{run_id}/artifacts",
         params=params,
         content=data[:-1],
@@ -217,7 +225,7 @@ def test_tampered_artifact_upload_is_rejected_and_leaves_no_file(
     assert bad.status_code == 400 and "SHA-256" in bad.text
     stored = api.data_dir / "artifacts"
     assert not stored.exists() or not [p for p in stored.rglob("*") if p.is_file()]
-    ok = api.client.post(
+    ok = up.post(
         f"/api/v1/runs/{run_id}/artifacts",
         params=params,
         content=data,
@@ -258,16 +266,17 @@ def test_lease_expiry_requeues_then_fails_after_max_attempts(tmp_path: Path) -> 
     service = Service(tmp_path / "data", env=env, extra=("--no-demo",))
     with running(service) as (svc, _):
         run_id = svc.submit(SEED001).json()["run"]["id"]
-        silent = svc.client.post("/api/v1/workers/register", json={"name": "silent"}).json()
-        claim = svc.client.post(f"/api/v1/workers/{silent['id']}/claim").json()
+        quiet = svc.client_for("worker", "silent")
+        silent = quiet.post("/api/v1/workers/register", json={"name": "silent"}).json()
+        claim = quiet.post(f"/api/v1/workers/{silent['id']}/claim").json()
         assert claim["run"]["id"] == run_id and claim["run"]["attempt"] == 1
         time.sleep(0.7)  # no heartbeat: the lease runs out
-        again = svc.client.post(f"/api/v1/workers/{silent['id']}/claim").json()
+        again = quiet.post(f"/api/v1/workers/{silent['id']}/claim").json()
         assert again["run"]["id"] == run_id and again["run"]["attempt"] == 2
-        late = svc.client.post(f"/api/v1/runs/{run_id}/heartbeat", json={"worker_id": silent["id"]})
+        late = quiet.post(f"/api/v1/runs/{run_id}/heartbeat", json={"worker_id": silent["id"]})
         assert late.status_code == 200  # still the holder of attempt 2
         time.sleep(0.7)
-        assert svc.client.post(f"/api/v1/workers/{silent['id']}/claim").status_code == 204
+        assert quiet.post(f"/api/v1/workers/{silent['id']}/claim").status_code == 204
         failed = svc.client.get(f"/api/v1/runs/{run_id}").json()
     assert failed["status"] == "failed" and failed["attempt"] == 2
     assert failed["error"]["type"] == "LeaseExpired"
@@ -289,7 +298,7 @@ def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path:
         released = svc.client.get(f"/api/v1/runs/{run_id}").json()
         assert released["status"] == "queued" and released["attempt"] == 0
         assert released["checkpoint_epoch"] is not None and released["checkpoint_epoch"] < 5
-        second = WorkerProc(svc.url, tmp_path / "second", name="second")
+        second = svc.worker(tmp_path / "second")
         try:
             done = svc.wait_run(run_id)
         finally:
@@ -306,14 +315,16 @@ def test_a_pinned_image_is_claimed_only_by_a_worker_that_has_it(api: Service) ->
     created = api.submit(pinned)
     assert created.status_code == 201 and created.json()["run"]["required_image"] == image
     # Drain everything else first, with a worker that can run no image.
-    plain = api.client.post("/api/v1/workers/register", json={"name": "plain"}).json()
-    while api.client.post(f"/api/v1/workers/{plain['id']}/claim").status_code == 200:
+    plain_client = api.client_for("worker", "plain")
+    plain = plain_client.post("/api/v1/workers/register", json={"name": "plain"}).json()
+    while plain_client.post(f"/api/v1/workers/{plain['id']}/claim").status_code == 200:
         pass
     assert api.client.get(f"/api/v1/runs/{created.json()['run']['id']}").json()["status"] == (
         "queued"
     )
-    capable = api.client.post(
+    capable_client = api.client_for("worker", "capable")
+    capable = capable_client.post(
         "/api/v1/workers/register", json={"name": "capable", "images": [image]}
     ).json()
-    claim = api.client.post(f"/api/v1/workers/{capable['id']}/claim").json()
+    claim = capable_client.post(f"/api/v1/workers/{capable['id']}/claim").json()
     assert claim["run"]["id"] == created.json()["run"]["id"] and claim["run"]["image"] == image

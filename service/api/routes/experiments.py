@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import func, select
 
 from service import experiments as svc
-from service.api.deps import SessionDep, SettingsDep
+from service.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from service.api.views import run_out
 from service.errors import BodyTooLarge, UnsupportedMediaType
 from service.models import Experiment
@@ -46,6 +46,7 @@ async def submit(
     response: Response,
     db: SessionDep,
     settings: SettingsDep,
+    principal: SubmitAccess,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> SubmitOut:
     """Validate a spec (JSON or YAML), store it with its resolved seed, queue its first run."""
@@ -55,12 +56,13 @@ async def submit(
     body = await request.body()
     if len(body) > settings.max_body_bytes:
         raise BodyTooLarge(f"spec larger than {settings.max_body_bytes} bytes")
-    spec = svc.parse_submission(body, _FORMATS[content_type])
+    spec = svc.parse_submission(body, _FORMATS[content_type], settings=settings)
     experiment, run, created = svc.create_experiment(
         db=db,
         spec=spec,
         idempotency_key=idempotency_key,
         request_hash=svc.body_hash(body, content_type) if idempotency_key else None,
+        actor=principal,
     )
     if not created:
         response.status_code = 200
@@ -70,6 +72,7 @@ async def submit(
 @router.get("", response_model=Page[ExperimentOut])
 def list_experiments(
     db: SessionDep,
+    _: ReadAccess,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Page[ExperimentOut]:
@@ -85,6 +88,6 @@ def list_experiments(
 
 
 @router.get("/{experiment_id}", response_model=ExperimentOut)
-def get_experiment(experiment_id: int, db: SessionDep) -> ExperimentOut:
+def get_experiment(experiment_id: int, db: SessionDep, _: ReadAccess) -> ExperimentOut:
     """One experiment."""
     return ExperimentOut.model_validate(svc.get_experiment(db, experiment_id))

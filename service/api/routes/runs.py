@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from service import experiments as svc
-from service.api.deps import SessionDep
+from service.api.deps import ReadAccess, SessionDep, SubmitAccess
 from service.api.views import run_detail, run_out
 from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
 from service.schemas import Page, RunDetail, RunOut
@@ -28,6 +28,7 @@ assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 @router.get("", response_model=Page[RunOut])
 def list_runs(
     db: SessionDep,
+    _: ReadAccess,
     status: Status | None = None,
     experiment_id: int | None = None,
     verdict: VerdictName | None = None,
@@ -53,21 +54,21 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunDetail)
-def get_run(run_id: int, db: SessionDep) -> RunDetail:
+def get_run(run_id: int, db: SessionDep, _: ReadAccess) -> RunDetail:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
     return run_detail(db, svc.get_run(db, run_id))
 
 
 @router.post("/{run_id}/rerun", status_code=202, response_model=RunOut)
-def rerun(run_id: int, db: SessionDep) -> RunOut:
+def rerun(run_id: int, db: SessionDep, principal: SubmitAccess) -> RunOut:
     """Queue a rerun: same experiment, spec, seed and (when known) image."""
-    return run_out(db, svc.rerun(db=db, run_id=run_id))
+    return run_out(db, svc.rerun(db=db, run_id=run_id, actor=principal))
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel(run_id: int, db: SessionDep) -> RunOut:
+def cancel(run_id: int, db: SessionDep, principal: SubmitAccess) -> RunOut:
     """Cancel a queued or running run."""
-    return run_out(db, svc.cancel(db=db, run_id=run_id))
+    return run_out(db, svc.cancel(db=db, run_id=run_id, actor=principal))
 
 
 def _snapshot(request: Request, run_id: int) -> dict[str, object]:
@@ -87,7 +88,7 @@ def _snapshot(request: Request, run_id: int) -> dict[str, object]:
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}}},
 )
-async def events(run_id: int, request: Request) -> StreamingResponse:
+async def events(run_id: int, request: Request, _: ReadAccess) -> StreamingResponse:
     """Server-sent events: the run's status and progress whenever they change."""
     first = await run_in_threadpool(_snapshot, request, run_id)  # 404 before streaming
 

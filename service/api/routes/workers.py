@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from service import artifacts, queue
-from service.api.deps import SessionDep, SettingsDep
+from service.api.deps import AnyRole, SessionDep, SettingsDep, WorkAccess
 from service.api.views import run_out
 from service.schemas import (
     ArtifactOut,
@@ -31,9 +31,12 @@ router = APIRouter(tags=["workers"])
 
 
 @router.post("/workers/register", status_code=201, response_model=RegisterOut)
-def register(body: RegisterIn, db: SessionDep, settings: SettingsDep) -> RegisterOut:
+def register(
+    body: RegisterIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+) -> RegisterOut:
     """Register a worker and its capabilities; returns its id and lease timing."""
     worker = queue.register_worker(
+        token_id=principal.token_id,
         db=db,
         name=body.name,
         hostname=body.hostname,
@@ -53,8 +56,11 @@ def register(body: RegisterIn, db: SessionDep, settings: SettingsDep) -> Registe
     response_model=ClaimOut,
     responses={204: {"description": "nothing to run"}},
 )
-def claim(worker_id: int, db: SessionDep, settings: SettingsDep) -> ClaimOut | Response:
+def claim(
+    worker_id: int, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+) -> ClaimOut | Response:
     """Take the oldest runnable queued run under a lease, with its newest checkpoint."""
+    queue.check_worker(db, worker_id, principal)
     run = queue.claim(db=db, settings=settings, worker_id=worker_id)
     if run is None:
         return Response(status_code=204)
@@ -83,9 +89,10 @@ def claim(worker_id: int, db: SessionDep, settings: SettingsDep) -> ClaimOut | R
 
 @router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatOut)
 def heartbeat(
-    run_id: int, body: HeartbeatIn, db: SessionDep, settings: SettingsDep
+    run_id: int, body: HeartbeatIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
 ) -> HeartbeatOut:
     """Extend the lease of a held run and record its progress (409 if not held)."""
+    queue.check_worker(db, body.worker_id, principal)
     run = queue.heartbeat(
         db=db, settings=settings, run_id=run_id, worker_id=body.worker_id, progress=body.progress
     )
@@ -94,16 +101,18 @@ def heartbeat(
 
 
 @router.post("/runs/{run_id}/complete", response_model=RunOut)
-def complete(run_id: int, body: CompleteIn, db: SessionDep) -> RunOut:
+def complete(run_id: int, body: CompleteIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Report a held run's result document (a retried report is not written twice)."""
+    queue.check_worker(db, body.worker_id, principal)
     return run_out(
         db, queue.complete(db=db, run_id=run_id, worker_id=body.worker_id, result=body.result)
     )
 
 
 @router.post("/runs/{run_id}/fail", response_model=RunOut)
-def fail(run_id: int, body: FailIn, db: SessionDep) -> RunOut:
+def fail(run_id: int, body: FailIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Report that a held run failed outside training (e.g. the job process crashed)."""
+    queue.check_worker(db, body.worker_id, principal)
     return run_out(
         db,
         queue.fail(db=db, run_id=run_id, worker_id=body.worker_id, error=body.error.model_dump()),
@@ -111,8 +120,9 @@ def fail(run_id: int, body: FailIn, db: SessionDep) -> RunOut:
 
 
 @router.post("/runs/{run_id}/release", response_model=RunOut)
-def release(run_id: int, body: ReleaseIn, db: SessionDep) -> RunOut:
+def release(run_id: int, body: ReleaseIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Give a held run back to the queue (worker shutting down)."""
+    queue.check_worker(db, body.worker_id, principal)
     return run_out(
         db, queue.release(db=db, run_id=run_id, worker_id=body.worker_id, reason=body.reason)
     )
@@ -136,6 +146,7 @@ async def upload_artifact(
     request: Request,
     db: SessionDep,
     settings: SettingsDep,
+    principal: WorkAccess,
     worker_id: int,
     kind: Annotated[str, Query(pattern="^(checkpoint|weights|log)$")],
     name: Annotated[str, Query(max_length=200)],
@@ -144,6 +155,7 @@ async def upload_artifact(
 ) -> ArtifactOut:
     """Upload a file for a held run; stored only if its SHA-256 matches the header."""
     digest = artifacts.check_upload(name, x_content_sha256)
+    queue.check_worker(db, worker_id, principal)
     run = queue.held_run(db, run_id, worker_id)
     db.commit()  # release the row lock before a long upload
     path, size = await artifacts.receive(
@@ -161,9 +173,13 @@ async def upload_artifact(
 
 
 @router.get("/artifacts/{artifact_id}", response_class=FileResponse)
-def download_artifact(artifact_id: int, db: SessionDep) -> FileResponse:
-    """The bytes of an artifact."""
+def download_artifact(artifact_id: int, db: SessionDep, principal: AnyRole) -> FileResponse:
+    """The bytes of an artifact (a worker only gets those of runs it holds)."""
     art = artifacts.get_artifact(db, artifact_id)
+    if principal.role == "worker":
+        queue.check_holds(db, art.run_id, principal)
+    else:
+        principal.require("read")
     return FileResponse(
         artifacts.local_path(art),
         media_type="application/octet-stream",

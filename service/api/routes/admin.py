@@ -1,0 +1,55 @@
+"""Tokens and the audit log (admins only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import func, select
+
+from service import auth
+from service.api.deps import AdminAccess, SessionDep
+from service.models import ApiToken, AuditEvent
+from service.schemas import AuditOut, Page, TokenCreated, TokenIn, TokenOut
+
+router = APIRouter(tags=["admin"])
+
+
+@router.post("/tokens", status_code=201, response_model=TokenCreated)
+def create_token(body: TokenIn, db: SessionDep, admin: AdminAccess) -> TokenCreated:
+    """Create a token; its secret is in this response only."""
+    row, secret = auth.create_token(
+        db=db, name=body.name, role=body.role, expires_in_days=body.expires_in_days, creator=admin
+    )
+    return TokenCreated(**TokenOut.model_validate(row).model_dump(), token=secret)
+
+
+@router.get("/tokens", response_model=list[TokenOut])
+def list_tokens(db: SessionDep, admin: AdminAccess) -> list[TokenOut]:
+    """Every token (never their secrets)."""
+    return [TokenOut.model_validate(t) for t in db.scalars(select(ApiToken).order_by(ApiToken.id))]
+
+
+@router.post("/tokens/{token_id}/revoke", response_model=TokenOut)
+def revoke_token(token_id: int, db: SessionDep, admin: AdminAccess) -> TokenOut:
+    """Revoke a token; requests with it fail from now on."""
+    return TokenOut.model_validate(auth.revoke(db=db, token_id=token_id, actor=admin))
+
+
+@router.get("/audit", response_model=Page[AuditOut])
+def audit_log(
+    db: SessionDep,
+    admin: AdminAccess,
+    action: Annotated[str | None, Query(max_length=40)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[AuditOut]:
+    """Who submitted, reran, cancelled or created tokens, newest first."""
+    query = select(AuditEvent)
+    if action is not None:
+        query = query.where(AuditEvent.action == action)
+    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = db.scalars(query.order_by(AuditEvent.id.desc()).limit(limit).offset(offset))
+    return Page(
+        items=[AuditOut.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
+    )

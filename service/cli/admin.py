@@ -1,0 +1,120 @@
+"""Admin commands: tokens and the audit log (through the API, with an admin token)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from service.cli.output import (
+    DEFAULT_API,
+    ApiOption,
+    JsonFlag,
+    TokenOption,
+    emit_json,
+    err,
+    resolve_token,
+)
+from service.client import ApiClient, ApiError
+
+token_app = typer.Typer(help="Create, list and revoke API tokens (admins).", no_args_is_help=True)
+
+
+def _client(api: str, token: str | None) -> ApiClient:
+    return ApiClient(api, resolve_token(token))
+
+
+def _fail(exc: ApiError) -> typer.Exit:
+    err.print(f"[red]error {exc.status_code}:[/red] {exc.detail}")
+    return typer.Exit(2 if exc.status_code in (400, 401, 403, 404, 422) else 1)
+
+
+@token_app.command("create")
+def create(
+    role: Annotated[str, typer.Option(help="admin, submitter, worker or viewer")],
+    name: Annotated[str, typer.Option(help="who or what will use it")] = "cli",
+    expires_days: Annotated[float | None, typer.Option(help="lifetime in days")] = None,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a token; its secret is printed once and never again."""
+    try:
+        created = _client(api, token).create_token(name, role, expires_in_days=expires_days)
+    except ApiError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        emit_json(created)
+    else:
+        err.print(f"token {created['id']} ({created['role']}, {created['name']}); keep it secret:")
+        typer.echo(created["token"])
+
+
+@token_app.command("list")
+def list_(
+    api: ApiOption = DEFAULT_API, token: TokenOption = None, as_json: JsonFlag = False
+) -> None:
+    """Every token, without secrets."""
+    try:
+        tokens = _client(api, token).tokens()
+    except ApiError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        emit_json(tokens)
+        return
+    table = Table("id", "name", "role", "created", "expires", "revoked", "last used")
+    for t in tokens:
+        table.add_row(
+            str(t["id"]),
+            t["name"],
+            t["role"],
+            t["created_at"],
+            t["expires_at"] or "",
+            t["revoked_at"] or "",
+            t["last_used_at"] or "",
+        )
+    err.print(table)
+
+
+@token_app.command("revoke")
+def revoke(token_id: int, api: ApiOption = DEFAULT_API, token: TokenOption = None) -> None:
+    """Revoke a token at once."""
+    try:
+        _client(api, token).revoke_token(token_id)
+    except ApiError as exc:
+        raise _fail(exc) from None
+    err.print(f"token {token_id} revoked")
+
+
+def audit(
+    action: Annotated[str | None, typer.Option(help="e.g. experiment.submit, run.rerun")] = None,
+    limit: int = 50,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
+    try:
+        page = _client(api, token).audit(action=action, limit=limit)
+    except ApiError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        emit_json(page)
+        return
+    table = Table("when", "who", "role", "action", "target")
+    for e in page["items"]:
+        table.add_row(
+            e["at"],
+            e["actor"],
+            e["role"],
+            e["action"],
+            f"{e['target_type']} {e['target_id'] or ''}",
+        )
+    err.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the application."""
+    app.add_typer(token_app, name="token")
+    app.command()(audit)
