@@ -162,6 +162,7 @@ class WorkerProc:
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self._log.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

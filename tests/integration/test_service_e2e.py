@@ -328,3 +328,40 @@ def test_a_pinned_image_is_claimed_only_by_a_worker_that_has_it(api: Service) ->
     ).json()
     claim = capable_client.post(f"/api/v1/workers/{capable['id']}/claim").json()
     assert claim["run"]["id"] == created.json()["run"]["id"] and claim["run"]["image"] == image
+
+
+def test_worker_killed_three_times_mid_epoch_still_ends_identical(tmp_path: Path) -> None:
+    spec = blobs_spec(dataset={**blobs_spec()["dataset"], "batch_size": 512, "train_batches": 60})
+    spec["training"]["epochs"] = 8
+    env = {"REPRO_LEASE_SECONDS": "3", "REPRO_HEARTBEAT_SECONDS": "1"}
+    service = Service(tmp_path / "data", env=env, extra=("--no-demo",))
+    with running(service) as (svc, _):
+        run_id = svc.submit(json.dumps(spec), "application/json").json()["run"]["id"]
+        seen_epoch = 0
+        for kill in range(3):
+            worker = svc.worker(tmp_path / f"doomed-{kill}")
+            deadline = time.monotonic() + 240
+            while True:  # wait for a new checkpoint, then for training to be mid-epoch
+                run = svc.client.get(f"/api/v1/runs/{run_id}").json()
+                progress = run["progress"] or {}
+                if (
+                    (run["checkpoint_epoch"] or 0) > seen_epoch
+                    and progress.get("event") in ("step", "epoch_start")
+                    and run["attempt"] == kill + 1
+                ):
+                    break
+                assert run["status"] == "running" or run["status"] == "queued", run["error"]
+                assert time.monotonic() < deadline, f"kill {kill}: no progress"
+                time.sleep(0.05)
+            seen_epoch = run["checkpoint_epoch"]
+            worker.kill()
+        last = svc.worker(tmp_path / "survivor")
+        try:
+            done = svc.wait_run(run_id)
+        finally:
+            last.stop()
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempt"] == 4
+    assert done["result_summary"]["resumed_from_epoch"] >= 3
+    reference = run_job(spec, tmp_path / "reference")
+    assert done["final_fingerprint"] == reference.result.final_fingerprint
