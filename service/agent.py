@@ -221,7 +221,8 @@ class Agent:
         lease_seconds = float((claim.get("lease") or {}).get("seconds", self.lease_seconds))
         result_path = attempt_dir / "result.json"
         started = time.monotonic()
-        job = _Job(run_id, self._start_job(spec_path, result_path, ckpt_dir, resume))
+        limit = (claim.get("limits") or {}).get("max_model_parameters")
+        job = _Job(run_id, self._start_job(spec_path, result_path, ckpt_dir, resume, limit))
         with self._lock:
             self._job = job
             stops = self._stops
@@ -255,10 +256,21 @@ class Agent:
             shutil.rmtree(ckpt_dir, ignore_errors=True)  # uploaded, or superseded by the API's
 
     def _start_job(
-        self, spec_path: Path, result_path: Path, ckpt_dir: Path, resume: bool
+        self,
+        spec_path: Path,
+        result_path: Path,
+        ckpt_dir: Path,
+        resume: bool,
+        max_model_parameters: int | None = None,
     ) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            job_command(spec_path, result_path, checkpoint_dir=ckpt_dir, resume=resume),
+            job_command(
+                spec_path,
+                result_path,
+                checkpoint_dir=ckpt_dir,
+                resume=resume,
+                max_model_parameters=max_model_parameters,
+            ),
             env=job_environment(),
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -28,6 +28,8 @@ def parse_submission(
         registry.check_spec(spec)
     except MalformedSpecError as exc:
         raise MalformedBody(str(exc), errors=exc.errors) from None
+    except RecursionError:  # the parsers recurse once per level of nesting
+        raise MalformedBody(f"the {fmt.upper()} spec nests too deeply") from None
     except SpecError as exc:
         raise InvalidSpec(str(exc), errors=exc.errors) from None
     check_limits(spec, settings)

@@ -11,6 +11,12 @@ from worker.result import JobResult
 
 T = TypeVar("T")
 
+# Ids and counters live in 32-bit INTEGER columns (PostgreSQL); larger numbers are refused.
+MAX_ID = 2**31 - 1
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+# PostgreSQL text cannot hold NUL characters; names and labels refuse them.
+PlainText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+
 
 def _utc_iso(value: datetime) -> str:
     # Stored naive-UTC; say so on the wire.
@@ -18,6 +24,21 @@ def _utc_iso(value: datetime) -> str:
 
 
 UtcDatetime = Annotated[datetime, PlainSerializer(_utc_iso, return_type=str)]
+
+
+class ErrorItem(BaseModel):
+    """One problem with a request: where (a dotted path such as `body.name`) and what."""
+
+    loc: str
+    msg: str
+    type: str | None = None
+
+
+class ErrorOut(BaseModel):
+    """The body of every error answer: what went wrong and, for bad input, each problem."""
+
+    detail: str
+    errors: list[ErrorItem] = Field(default_factory=list)
 
 
 class ExperimentOut(BaseModel):
@@ -89,11 +110,11 @@ class SubmitOut(BaseModel):
 class RegisterIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
-    hostname: str = Field(default="", max_length=200)
+    name: PlainText = Field(min_length=1, max_length=200)
+    hostname: PlainText = Field(default="", max_length=200)
     executors: list[str] = Field(default_factory=lambda: ["process"], max_length=8)
     images: list[str] = Field(default_factory=list, max_length=1000)
-    gpu: str | None = Field(default=None, max_length=200)
+    gpu: PlainText | None = Field(default=None, max_length=200)
 
 
 class RegisterOut(BaseModel):
@@ -105,7 +126,7 @@ class RegisterOut(BaseModel):
 class WorkerReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    worker_id: int
+    worker_id: Id
 
 
 class HeartbeatIn(WorkerReport):
@@ -165,6 +186,7 @@ class ClaimOut(BaseModel):
     run: ClaimedRun
     lease: LeaseOut
     checkpoint: CheckpointOut | None
+    limits: dict[str, int] = Field(default_factory=dict)
 
 
 class ArtifactOut(BaseModel):
@@ -182,7 +204,7 @@ class ArtifactOut(BaseModel):
 class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: PlainText = Field(min_length=1, max_length=200)
     role: Literal["admin", "submitter", "worker", "viewer"]
     expires_in_days: float | None = Field(default=None, gt=0, le=3650)
 

@@ -19,10 +19,17 @@ EventHandler = Callable[[dict[str, Any]], None]
 
 
 def job_command(
-    spec: Path, out: Path, *, checkpoint_dir: Path | None = None, resume: bool = False
+    spec: Path,
+    out: Path,
+    *,
+    checkpoint_dir: Path | None = None,
+    resume: bool = False,
+    max_model_parameters: int | None = None,
 ) -> list[str]:
     """The command line that runs one job with this interpreter."""
     cmd = [sys.executable, "-m", "worker.run", "--spec", str(spec), "--out", str(out)]
+    if max_model_parameters is not None:
+        cmd += ["--max-model-parameters", str(max_model_parameters)]
     if checkpoint_dir is not None:
         cmd += ["--checkpoint-dir", str(checkpoint_dir)]
     if resume:

@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="checkpoint after epoch K and stop with status 'interrupted'",
     )
+    p.add_argument(
+        "--max-model-parameters",
+        type=int,
+        metavar="N",
+        help="fail the job if the model has more parameters (an operator's limit)",
+    )
     return p
 
 
@@ -104,6 +110,7 @@ def run_job(
     resume: bool,
     reporter: ProgressReporter,
     stop_requested: Callable[[int], bool] = lambda epoch: False,
+    max_model_parameters: int | None = None,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -130,6 +137,7 @@ def run_job(
             resume=resume,
             reporter=reporter,
             stop_requested=stop_requested,
+            max_model_parameters=max_model_parameters,
         )
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume,
             reporter=reporter,
             stop_requested=stop,
+            max_model_parameters=args.max_model_parameters,
         )
     write_result(result, args.out)
     reporter.emit(

@@ -200,6 +200,7 @@ def run_training(
     resume: bool,
     reporter: ProgressReporter,
     stop_requested: Callable[[int], bool] = lambda epoch: False,
+    max_model_parameters: int | None = None,
 ) -> TrainingOutcome:
     """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
 
@@ -209,6 +210,12 @@ def run_training(
     t_start = time.monotonic()
     record = determinism.apply(spec.determinism, seed)
     job = Job(spec, seed)
+    parameters = job.model.count_params()
+    if max_model_parameters is not None and parameters > max_model_parameters:
+        raise ArchitectureError(
+            f"the model has {parameters} parameters; this server allows at most "
+            f"{max_model_parameters}"
+        )
     out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
     timings = {
         "setup": time.monotonic() - t_start,

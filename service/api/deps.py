@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from service import auth
 from service.auth import Permission, Principal
 from service.config import Settings
 from service.errors import Unauthorized
+from service.schemas import MAX_ID
 
 
 def get_db(request: Request) -> Iterator[Session]:
@@ -28,6 +29,9 @@ def get_app_settings(request: Request) -> Settings:
 
 SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+# Ids and offsets within what the database stores (422 beyond, never a crash).
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
 def get_principal(request: Request, db: SessionDep) -> Principal:

@@ -6,10 +6,12 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from service.api.responses import errors
 from service.api.routes import admin, experiments, runs, workers
 from service.errors import ServiceError
 
-api_router = APIRouter(prefix="/api/v1")
+# Every versioned endpoint needs a token its role allows; each route adds its own errors.
+api_router = APIRouter(prefix="/api/v1", responses=errors(401, 403, 429))
 api_router.include_router(experiments.router)
 api_router.include_router(runs.router)
 api_router.include_router(workers.router)

@@ -268,3 +268,10 @@ def test_plugin_architecture_trains_reproducibly(tmp_path: Path, plugin_paths: l
     b = run_job(spec, tmp_path / "b", extra_paths=plugin_paths)
     assert a.returncode == b.returncode == 0, a.result.error
     assert a.result.final_fingerprint == b.result.final_fingerprint
+
+
+def test_operator_limit_on_model_parameters_fails_the_job_clearly(tmp_path: Path) -> None:
+    run = run_job(blobs_spec(), tmp_path, "--max-model-parameters", "100")
+    assert run.returncode == 1 and run.result.error is not None
+    assert run.result.error.type == "ArchitectureError"
+    assert "parameters; this server allows at most 100" in run.result.error.message

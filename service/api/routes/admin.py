@@ -8,14 +8,17 @@ from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
 from service import auth
-from service.api.deps import AdminAccess, SessionDep
+from service.api.deps import AdminAccess, IdPath, Offset, SessionDep
+from service.api.responses import errors
 from service.models import ApiToken, AuditEvent
-from service.schemas import AuditOut, Page, TokenCreated, TokenIn, TokenOut
+from service.schemas import AuditOut, Page, PlainText, TokenCreated, TokenIn, TokenOut
 
 router = APIRouter(tags=["admin"])
 
 
-@router.post("/tokens", status_code=201, response_model=TokenCreated)
+@router.post(
+    "/tokens", status_code=201, response_model=TokenCreated, responses=errors(400, 413, 422)
+)
 def create_token(body: TokenIn, db: SessionDep, admin: AdminAccess) -> TokenCreated:
     """Create a token; its secret is in this response only."""
     row, secret = auth.create_token(
@@ -30,19 +33,19 @@ def list_tokens(db: SessionDep, admin: AdminAccess) -> list[TokenOut]:
     return [TokenOut.model_validate(t) for t in db.scalars(select(ApiToken).order_by(ApiToken.id))]
 
 
-@router.post("/tokens/{token_id}/revoke", response_model=TokenOut)
-def revoke_token(token_id: int, db: SessionDep, admin: AdminAccess) -> TokenOut:
+@router.post("/tokens/{token_id}/revoke", response_model=TokenOut, responses=errors(404, 422))
+def revoke_token(token_id: IdPath, db: SessionDep, admin: AdminAccess) -> TokenOut:
     """Revoke a token; requests with it fail from now on."""
     return TokenOut.model_validate(auth.revoke(db=db, token_id=token_id, actor=admin))
 
 
-@router.get("/audit", response_model=Page[AuditOut])
+@router.get("/audit", response_model=Page[AuditOut], responses=errors(422))
 def audit_log(
     db: SessionDep,
     admin: AdminAccess,
-    action: Annotated[str | None, Query(max_length=40)] = None,
+    action: Annotated[PlainText | None, Query(max_length=40)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> Page[AuditOut]:
     """Who submitted, reran, cancelled or created tokens, newest first."""
     query = select(AuditEvent)

@@ -8,7 +8,8 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import func, select
 
 from service import experiments as svc
-from service.api.deps import ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from service.api.responses import errors
 from service.api.views import run_out
 from service.errors import BodyTooLarge, UnsupportedMediaType
 from service.models import Experiment
@@ -39,7 +40,10 @@ _SPEC_BODY = {
     status_code=201,
     response_model=SubmitOut,
     openapi_extra={"requestBody": _SPEC_BODY},
-    responses={200: {"model": SubmitOut, "description": "idempotent replay"}},
+    responses={
+        200: {"model": SubmitOut, "description": "idempotent replay"},
+        **errors(400, 409, 413, 415, 422),
+    },
 )
 async def submit(
     request: Request,
@@ -69,12 +73,12 @@ async def submit(
     return SubmitOut(experiment=ExperimentOut.model_validate(experiment), run=run_out(db, run))
 
 
-@router.get("", response_model=Page[ExperimentOut])
+@router.get("", response_model=Page[ExperimentOut], responses=errors(422))
 def list_experiments(
     db: SessionDep,
     _: ReadAccess,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> Page[ExperimentOut]:
     """Experiments, newest first."""
     total = db.scalar(select(func.count(Experiment.id))) or 0
@@ -87,7 +91,7 @@ def list_experiments(
     )
 
 
-@router.get("/{experiment_id}", response_model=ExperimentOut)
-def get_experiment(experiment_id: int, db: SessionDep, _: ReadAccess) -> ExperimentOut:
+@router.get("/{experiment_id}", response_model=ExperimentOut, responses=errors(404, 422))
+def get_experiment(experiment_id: IdPath, db: SessionDep, _: ReadAccess) -> ExperimentOut:
     """One experiment."""
     return ExperimentOut.model_validate(svc.get_experiment(db, experiment_id))

@@ -13,10 +13,11 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from service import experiments as svc
-from service.api.deps import ReadAccess, SessionDep, SubmitAccess
+from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SubmitAccess
+from service.api.responses import errors
 from service.api.views import run_detail, run_out
 from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
-from service.schemas import Page, RunDetail, RunOut
+from service.schemas import MAX_ID, Page, RunDetail, RunOut
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -25,15 +26,15 @@ VerdictName = Literal["identical", "diverged", "reference", "none"]
 assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 
 
-@router.get("", response_model=Page[RunOut])
+@router.get("", response_model=Page[RunOut], responses=errors(422))
 def list_runs(
     db: SessionDep,
     _: ReadAccess,
     status: Status | None = None,
-    experiment_id: int | None = None,
+    experiment_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     verdict: VerdictName | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> Page[RunOut]:
     """Runs, newest first, filtered by status, experiment and verdict."""
     query = select(Run)
@@ -53,20 +54,22 @@ def list_runs(
     return Page(items=[run_out(db, r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{run_id}", response_model=RunDetail)
-def get_run(run_id: int, db: SessionDep, _: ReadAccess) -> RunDetail:
+@router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
+def get_run(run_id: IdPath, db: SessionDep, _: ReadAccess) -> RunDetail:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
     return run_detail(db, svc.get_run(db, run_id))
 
 
-@router.post("/{run_id}/rerun", status_code=202, response_model=RunOut)
-def rerun(run_id: int, db: SessionDep, principal: SubmitAccess) -> RunOut:
+@router.post(
+    "/{run_id}/rerun", status_code=202, response_model=RunOut, responses=errors(404, 409, 422)
+)
+def rerun(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
     """Queue a rerun: same experiment, spec, seed and (when known) image."""
     return run_out(db, svc.rerun(db=db, run_id=run_id, actor=principal))
 
 
-@router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel(run_id: int, db: SessionDep, principal: SubmitAccess) -> RunOut:
+@router.post("/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409, 422))
+def cancel(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
     """Cancel a queued or running run."""
     return run_out(db, svc.cancel(db=db, run_id=run_id, actor=principal))
 
@@ -86,9 +89,9 @@ def _snapshot(request: Request, run_id: int) -> dict[str, object]:
 @router.get(
     "/{run_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **errors(404, 422)},
 )
-async def events(run_id: int, request: Request, _: ReadAccess) -> StreamingResponse:
+async def events(run_id: IdPath, request: Request, _: ReadAccess) -> StreamingResponse:
     """Server-sent events: the run's status and progress whenever they change."""
     first = await run_in_threadpool(_snapshot, request, run_id)  # 404 before streaming
 

@@ -8,9 +8,11 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from service import artifacts, queue
-from service.api.deps import AnyRole, SessionDep, SettingsDep, WorkAccess
+from service.api.deps import AnyRole, IdPath, SessionDep, SettingsDep, WorkAccess
+from service.api.responses import errors
 from service.api.views import run_out
 from service.schemas import (
+    MAX_ID,
     ArtifactOut,
     CheckpointFile,
     CheckpointOut,
@@ -30,7 +32,12 @@ from service.schemas import (
 router = APIRouter(tags=["workers"])
 
 
-@router.post("/workers/register", status_code=201, response_model=RegisterOut)
+@router.post(
+    "/workers/register",
+    status_code=201,
+    response_model=RegisterOut,
+    responses=errors(400, 413, 422),
+)
 def register(
     body: RegisterIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
 ) -> RegisterOut:
@@ -54,10 +61,10 @@ def register(
 @router.post(
     "/workers/{worker_id}/claim",
     response_model=ClaimOut,
-    responses={204: {"description": "nothing to run"}},
+    responses={204: {"description": "nothing to run"}, **errors(404, 422)},
 )
 def claim(
-    worker_id: int, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+    worker_id: IdPath, db: SessionDep, settings: SettingsDep, principal: WorkAccess
 ) -> ClaimOut | Response:
     """Take the oldest runnable queued run under a lease, with its newest checkpoint."""
     queue.check_worker(db, worker_id, principal)
@@ -84,12 +91,17 @@ def claim(
                 for a in checkpoint[1]
             ],
         ),
+        limits={"max_model_parameters": settings.max_model_parameters},
     )
 
 
-@router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatOut)
+# A report about a run: its body, the run, and whether this worker still holds it.
+_REPORT_ERRORS = errors(400, 404, 409, 413, 422)
+
+
+@router.post("/runs/{run_id}/heartbeat", response_model=HeartbeatOut, responses=_REPORT_ERRORS)
 def heartbeat(
-    run_id: int, body: HeartbeatIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+    run_id: IdPath, body: HeartbeatIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
 ) -> HeartbeatOut:
     """Extend the lease of a held run and record its progress (409 if not held)."""
     queue.check_worker(db, body.worker_id, principal)
@@ -100,8 +112,8 @@ def heartbeat(
     return HeartbeatOut(lease_expires_at=run.lease_expires_at)
 
 
-@router.post("/runs/{run_id}/complete", response_model=RunOut)
-def complete(run_id: int, body: CompleteIn, db: SessionDep, principal: WorkAccess) -> RunOut:
+@router.post("/runs/{run_id}/complete", response_model=RunOut, responses=_REPORT_ERRORS)
+def complete(run_id: IdPath, body: CompleteIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Report a held run's result document (a retried report is not written twice)."""
     queue.check_worker(db, body.worker_id, principal)
     return run_out(
@@ -109,8 +121,8 @@ def complete(run_id: int, body: CompleteIn, db: SessionDep, principal: WorkAcces
     )
 
 
-@router.post("/runs/{run_id}/fail", response_model=RunOut)
-def fail(run_id: int, body: FailIn, db: SessionDep, principal: WorkAccess) -> RunOut:
+@router.post("/runs/{run_id}/fail", response_model=RunOut, responses=_REPORT_ERRORS)
+def fail(run_id: IdPath, body: FailIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Report that a held run failed outside training (e.g. the job process crashed)."""
     queue.check_worker(db, body.worker_id, principal)
     return run_out(
@@ -119,8 +131,8 @@ def fail(run_id: int, body: FailIn, db: SessionDep, principal: WorkAccess) -> Ru
     )
 
 
-@router.post("/runs/{run_id}/release", response_model=RunOut)
-def release(run_id: int, body: ReleaseIn, db: SessionDep, principal: WorkAccess) -> RunOut:
+@router.post("/runs/{run_id}/release", response_model=RunOut, responses=_REPORT_ERRORS)
+def release(run_id: IdPath, body: ReleaseIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Give a held run back to the queue (worker shutting down)."""
     queue.check_worker(db, body.worker_id, principal)
     return run_out(
@@ -132,6 +144,7 @@ def release(run_id: int, body: ReleaseIn, db: SessionDep, principal: WorkAccess)
     "/runs/{run_id}/artifacts",
     status_code=201,
     response_model=ArtifactOut,
+    responses=_REPORT_ERRORS,
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -142,15 +155,15 @@ def release(run_id: int, body: ReleaseIn, db: SessionDep, principal: WorkAccess)
     },
 )
 async def upload_artifact(
-    run_id: int,
+    run_id: IdPath,
     request: Request,
     db: SessionDep,
     settings: SettingsDep,
     principal: WorkAccess,
-    worker_id: int,
+    worker_id: Annotated[int, Query(ge=1, le=MAX_ID)],
     kind: Annotated[str, Query(pattern="^(checkpoint|weights|log)$")],
     name: Annotated[str, Query(max_length=200)],
-    epoch: Annotated[int | None, Query(ge=0)] = None,
+    epoch: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
     x_content_sha256: Annotated[str | None, Header()] = None,
 ) -> ArtifactOut:
     """Upload a file for a held run; stored only if its SHA-256 matches the header."""
@@ -172,8 +185,8 @@ async def upload_artifact(
     return ArtifactOut.model_validate(art)
 
 
-@router.get("/artifacts/{artifact_id}", response_class=FileResponse)
-def download_artifact(artifact_id: int, db: SessionDep, principal: AnyRole) -> FileResponse:
+@router.get("/artifacts/{artifact_id}", response_class=FileResponse, responses=errors(404, 422))
+def download_artifact(artifact_id: IdPath, db: SessionDep, principal: AnyRole) -> FileResponse:
     """The bytes of an artifact (a worker only gets those of runs it holds)."""
     art = artifacts.get_artifact(db, artifact_id)
     if principal.role == "worker":
