@@ -137,7 +137,10 @@ def _read_variable(variable: _Variable) -> np.ndarray:
     for holder in (getattr(variable, "value", None), variable):
         read_value = getattr(holder, "read_value", None)
         if callable(read_value):
-            return np.asarray(read_value())
+            try:
+                return np.asarray(read_value())
+            except (TypeError, ValueError):
+                break  # dtypes NumPy cannot view in place (bfloat16 tensors): copy instead
     return np.asarray(variable.numpy())
 
 
