@@ -14,16 +14,17 @@ from sqlalchemy.orm import Session
 from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
 from service.models import Artifact, Run
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The API documents and validates both; check_upload holds for any other caller.
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"  # a plain file name, never a path
+SHA256_HEX = r"^[0-9a-fA-F]{64}$"
 
 
 def check_upload(name: str, declared_sha256: str | None) -> str:
     """The declared digest, lower-cased; MalformedBody for a bad name or digest."""
-    if not _SAFE_NAME.match(name):
+    if not re.fullmatch(SAFE_NAME, name):
         raise MalformedBody(f"artifact name {name!r} is not a plain file name")
     digest = (declared_sha256 or "").lower()
-    if not _HEX64.match(digest):
+    if not re.fullmatch(SHA256_HEX, digest):
         raise MalformedBody("X-Content-SHA256 must be the hex SHA-256 of the body")
     return digest
 

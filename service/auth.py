@@ -21,7 +21,7 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.errors import Forbidden, NotFound, RateLimited, Unauthorized
+from service.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthorized
 from service.models import ApiToken, AuditEvent, utcnow
 
 Role = Literal["admin", "submitter", "worker", "viewer"]
@@ -118,6 +118,8 @@ def revoke(*, db: Session, token_id: int, actor: Principal) -> ApiToken:
     row = db.get(ApiToken, token_id)
     if row is None:
         raise NotFound(f"token {token_id} does not exist")
+    if row.revoked_at is None and row.role == "admin" and _active_admins(db) <= 1:
+        raise Conflict("this is the last active admin token; create another admin first")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         audit(
@@ -130,6 +132,20 @@ def revoke(*, db: Session, token_id: int, actor: Principal) -> ApiToken:
         )
     db.commit()
     return row
+
+
+def _active_admins(db: Session) -> int:
+    now = utcnow()
+    return (
+        db.scalar(
+            select(func.count(ApiToken.id)).where(
+                ApiToken.role == "admin",
+                ApiToken.revoked_at.is_(None),
+                (ApiToken.expires_at.is_(None)) | (ApiToken.expires_at > now),
+            )
+        )
+        or 0
+    )
 
 
 def audit(

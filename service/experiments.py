@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -33,7 +33,20 @@ def parse_submission(
     except SpecError as exc:
         raise InvalidSpec(str(exc), errors=exc.errors) from None
     check_limits(spec, settings)
+    check_storable(spec)
     return spec
+
+
+def check_storable(spec: ExperimentSpec) -> None:
+    """InvalidSpec for text the database cannot store (PostgreSQL text refuses NUL)."""
+    texts = {"name": spec.name, "environment.image": spec.environment.image}
+    errors = [
+        {"loc": loc, "msg": "must not contain NUL characters"}
+        for loc, text in texts.items()
+        if "\x00" in (text or "")
+    ]
+    if errors:
+        raise InvalidSpec(f"invalid spec: {errors[0]['loc']}: {errors[0]['msg']}", errors=errors)
 
 
 def check_limits(spec: ExperimentSpec, settings: Settings) -> None:
@@ -158,10 +171,7 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
     # Pin what the original actually ran on, so the rerun cannot silently change image.
-    image = original.required_image
-    if image is None and original.provenance:
-        recorded = original.provenance.get("image", {})
-        image = recorded.get("digest") or recorded.get("reference")
+    image = original.required_image or _reported_image(original.provenance)
     new = Run(
         experiment_id=original.experiment_id,
         rerun_of_id=original.id,
@@ -181,6 +191,15 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     )
     db.commit()
     return new
+
+
+def _reported_image(provenance: dict[str, Any] | None) -> str | None:
+    """The image digest (else reference) a run reported running on, if it reported one."""
+    recorded = (provenance or {}).get("image")
+    if not isinstance(recorded, dict):
+        return None
+    found = [recorded.get(key) for key in ("digest", "reference")]
+    return next((value for value in found if isinstance(value, str) and value), None)
 
 
 def cancel(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:

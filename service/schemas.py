@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
 from worker.result import JobResult
 
@@ -107,9 +107,13 @@ class SubmitOut(BaseModel):
     run: RunOut
 
 
-class RegisterIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Input(BaseModel):
+    """A request body: unknown fields and wrong JSON types are refused, never coerced."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class RegisterIn(_Input):
     name: PlainText = Field(min_length=1, max_length=200)
     hostname: PlainText = Field(default="", max_length=200)
     executors: list[str] = Field(default_factory=lambda: ["process"], max_length=8)
@@ -123,9 +127,7 @@ class RegisterOut(BaseModel):
     heartbeat_seconds: float
 
 
-class WorkerReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WorkerReport(_Input):
     worker_id: Id
 
 
@@ -137,11 +139,40 @@ class HeartbeatOut(BaseModel):
     lease_expires_at: UtcDatetime
 
 
+def _storable(result: JobResult) -> JobResult:
+    # A real job never exceeds these; a report that does gets a 422, not a database error.
+    image = result.provenance.get("image") or {}
+    if not isinstance(image, dict):
+        raise ValueError("provenance.image must be a mapping")
+    texts = [
+        ("final_fingerprint", result.final_fingerprint, 100),
+        ("trace_granularity", result.trace_granularity, 40),
+        *((f"trace.{i}.fingerprint", p.fingerprint, 100) for i, p in enumerate(result.trace)),
+        # A rerun pins the image its run reported (a 500-character column).
+        *((f"provenance.image.{key}", image.get(key), 500) for key in ("digest", "reference")),
+    ]
+    if any(not isinstance(text, str | None) for _, text, _ in texts):
+        raise ValueError("provenance.image.digest and .reference must be strings")
+    counts = [
+        (f"trace.{i}.{name}", value)
+        for i, p in enumerate(result.trace)
+        for name, value in (("epoch", p.epoch), ("step", p.step))
+    ]
+    problems = [
+        *(f"{loc} is longer than {n} characters" for loc, text, n in texts if len(text or "") > n),
+        *(f"{loc} contains a NUL character" for loc, text, _ in texts if "\x00" in (text or "")),
+        *(f"{loc} is not in [0, {MAX_ID}]" for loc, value in counts if not 0 <= value <= MAX_ID),
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return result
+
+
 class CompleteIn(WorkerReport):
-    result: JobResult
+    result: Annotated[JobResult, AfterValidator(_storable)]
 
 
-class ErrorDoc(BaseModel):
+class ErrorDoc(_Input):
     model_config = ConfigDict(extra="allow")
 
     type: str = Field(max_length=200)
@@ -201,9 +232,7 @@ class ArtifactOut(BaseModel):
     size: int
 
 
-class TokenIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TokenIn(_Input):
     name: PlainText = Field(min_length=1, max_length=200)
     role: Literal["admin", "submitter", "worker", "viewer"]
     expires_in_days: float | None = Field(default=None, gt=0, le=3650)

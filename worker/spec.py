@@ -233,7 +233,17 @@ def parse_spec(data: Any) -> ExperimentSpec:
 
 
 class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-3` as a float, as JSON and YAML 1.2 do."""
+    """SafeLoader that reads `1e-3` as a float (as JSON and YAML 1.2 do) and refuses aliases.
+
+    A spec has no use for anchors and aliases, and a few hundred bytes of nested aliases
+    expand into gigabytes (the "billion laughs" document).
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "aliases are not allowed in a spec", mark)
+        return super().compose_node(parent, index)
 
 
 _SpecLoader.add_implicit_resolver(

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from service import auth
@@ -34,16 +35,25 @@ IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
-def get_principal(request: Request, db: SessionDep) -> Principal:
+# Declares the scheme in the OpenAPI document; get_principal answers 401 itself.
+_bearer = HTTPBearer(
+    auto_error=False, description="An API token: `repro token create`, or the admin token"
+)
+
+
+def get_principal(
+    request: Request,
+    db: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
     """The caller of a bearer token; 401 without a valid one, 429 after too many bad ones."""
     limiter: auth.FailureLimiter = request.app.state.auth_failures
     client = request.client.host if request.client else "unknown"
     limiter.check(client)
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if credentials is None:
         raise Unauthorized("send a bearer token: Authorization: Bearer <token>")
     try:
-        return auth.verify(db, token.strip())
+        return auth.verify(db, credentials.credentials)
     except Unauthorized:
         limiter.failed(client)
         raise

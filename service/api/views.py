@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service import queue
@@ -11,25 +13,35 @@ from service.schemas import RunDetail, RunOut
 from service.verdicts import trace_of
 
 
-def _is_reference(db: Session, run: Run) -> bool:
-    if run.status != "succeeded":
-        return False
-    first = db.scalar(
-        select(Run.id)
-        .where(Run.family_id == run.family_id, Run.status == "succeeded")
-        .order_by(Run.id)
-        .limit(1)
+def run_outs(db: Session, runs: Sequence[Run]) -> list[RunOut]:
+    """List views of runs with their verdicts, in two queries whatever the page size."""
+    ids = [r.id for r in runs]
+    rows = db.execute(select(Verdict.run_id, Verdict.verdict).where(Verdict.run_id.in_(ids)))
+    verdicts = {run_id: verdict for run_id, verdict in rows}
+    families = {r.family_id for r in runs if r.status == "succeeded"}
+    references = (
+        set(
+            db.scalars(
+                select(func.min(Run.id))
+                .where(Run.family_id.in_(families), Run.status == "succeeded")
+                .group_by(Run.family_id)
+            )
+        )
+        if families
+        else set()
     )
-    return first == run.id
+    outs = []
+    for run in runs:
+        out = RunOut.model_validate(run)
+        out.verdict = verdicts.get(run.id)
+        out.is_reference = run.id in references
+        outs.append(out)
+    return outs
 
 
 def run_out(db: Session, run: Run) -> RunOut:
-    """The list view of a run, with its verdict."""
-    out = RunOut.model_validate(run)
-    verdict = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
-    out.verdict = verdict.verdict if verdict else None
-    out.is_reference = _is_reference(db, run)
-    return out
+    """The list view of one run, with its verdict."""
+    return run_outs(db, [run])[0]
 
 
 def run_detail(db: Session, run: Run) -> RunDetail:

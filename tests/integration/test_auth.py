@@ -228,3 +228,16 @@ def test_too_many_invalid_tokens_are_rate_limited(tmp_path: Path) -> None:
             assert c.get("/healthz").status_code == 200
     finally:
         service.stop()
+
+
+def test_the_last_admin_token_cannot_be_revoked(tmp_path: Path) -> None:
+    service = Service(tmp_path / "data", extra=("--no-demo",))
+    service.wait_ready()
+    try:
+        own = next(t for t in service.client.get("/api/v1/tokens").json() if t["role"] == "admin")
+        refused = service.client.post(f"/api/v1/tokens/{own['id']}/revoke")
+        assert refused.status_code == 409 and "last active admin" in refused.text
+        service.token("admin", "second admin")
+        assert service.client.post(f"/api/v1/tokens/{own['id']}/revoke").status_code == 200
+    finally:
+        service.stop()

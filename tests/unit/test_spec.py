@@ -195,3 +195,9 @@ def test_every_example_spec_is_valid() -> None:
     assert len(examples) >= 4
     for path in examples:
         check_spec(load_spec(path))
+
+
+def test_yaml_aliases_are_refused() -> None:
+    bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: &c [*b, *b]\nname: *c\n"
+    with pytest.raises(SpecError, match="aliases are not allowed"):
+        parse_spec_text(bomb)

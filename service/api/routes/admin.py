@@ -10,10 +10,11 @@ from sqlalchemy import func, select
 from service import auth
 from service.api.deps import AdminAccess, IdPath, Offset, SessionDep
 from service.api.responses import errors
+from service.api.routing import JsonRoute
 from service.models import ApiToken, AuditEvent
 from service.schemas import AuditOut, Page, PlainText, TokenCreated, TokenIn, TokenOut
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], route_class=JsonRoute)
 
 
 @router.post(
@@ -33,7 +34,7 @@ def list_tokens(db: SessionDep, admin: AdminAccess) -> list[TokenOut]:
     return [TokenOut.model_validate(t) for t in db.scalars(select(ApiToken).order_by(ApiToken.id))]
 
 
-@router.post("/tokens/{token_id}/revoke", response_model=TokenOut, responses=errors(404, 422))
+@router.post("/tokens/{token_id}/revoke", response_model=TokenOut, responses=errors(404, 409, 422))
 def revoke_token(token_id: IdPath, db: SessionDep, admin: AdminAccess) -> TokenOut:
     """Revoke a token; requests with it fail from now on."""
     return TokenOut.model_validate(auth.revoke(db=db, token_id=token_id, actor=admin))

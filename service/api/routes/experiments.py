@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from sqlalchemy import func, select
 
 from service import experiments as svc
 from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from service.api.responses import errors
+from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.errors import BodyTooLarge, UnsupportedMediaType
 from service.models import Experiment
 from service.schemas import ExperimentOut, Page, SubmitOut
 
-router = APIRouter(prefix="/experiments", tags=["experiments"])
+router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=JsonRoute)
 
 _FORMATS: dict[str, Literal["json", "yaml"]] = {
     "application/json": "json",
@@ -35,6 +36,15 @@ _SPEC_BODY = {
 }
 
 
+async def _spec_body(request: Request, settings: SettingsDep) -> bytes:
+    # Read the body on the event loop; the route itself runs in the thread pool, so
+    # parsing and database waits never stall other requests.
+    body = await request.body()
+    if len(body) > settings.max_body_bytes:
+        raise BodyTooLarge(f"spec larger than {settings.max_body_bytes} bytes")
+    return body
+
+
 @router.post(
     "",
     status_code=201,
@@ -45,21 +55,19 @@ _SPEC_BODY = {
         **errors(400, 409, 413, 415, 422),
     },
 )
-async def submit(
+def submit(
     request: Request,
     response: Response,
     db: SessionDep,
     settings: SettingsDep,
     principal: SubmitAccess,
+    body: Annotated[bytes, Depends(_spec_body)],
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> SubmitOut:
     """Validate a spec (JSON or YAML), store it with its resolved seed, queue its first run."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in _FORMATS:
         raise UnsupportedMediaType(f"send the spec as JSON or YAML, not {content_type!r}")
-    body = await request.body()
-    if len(body) > settings.max_body_bytes:
-        raise BodyTooLarge(f"spec larger than {settings.max_body_bytes} bytes")
     spec = svc.parse_submission(body, _FORMATS[content_type], settings=settings)
     experiment, run, created = svc.create_experiment(
         db=db,

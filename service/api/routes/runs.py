@@ -15,11 +15,12 @@ from starlette.concurrency import run_in_threadpool
 from service import experiments as svc
 from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SubmitAccess
 from service.api.responses import errors
-from service.api.views import run_detail, run_out
+from service.api.routing import JsonRoute
+from service.api.views import run_detail, run_out, run_outs
 from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
 from service.schemas import MAX_ID, Page, RunDetail, RunOut
 
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 VerdictName = Literal["identical", "diverged", "reference", "none"]
@@ -51,7 +52,7 @@ def list_runs(
         query = query.where(Run.id.in_(firsts))
     total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
-    return Page(items=[run_out(db, r) for r in rows], total=total, limit=limit, offset=offset)
+    return Page(items=run_outs(db, rows), total=total, limit=limit, offset=offset)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))

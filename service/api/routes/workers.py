@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse
 from service import artifacts, queue
 from service.api.deps import AnyRole, IdPath, SessionDep, SettingsDep, WorkAccess
 from service.api.responses import errors
+from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.schemas import (
     MAX_ID,
@@ -29,7 +30,7 @@ from service.schemas import (
     RunOut,
 )
 
-router = APIRouter(tags=["workers"])
+router = APIRouter(tags=["workers"], route_class=JsonRoute)
 
 
 @router.post(
@@ -162,9 +163,9 @@ async def upload_artifact(
     principal: WorkAccess,
     worker_id: Annotated[int, Query(ge=1, le=MAX_ID)],
     kind: Annotated[str, Query(pattern="^(checkpoint|weights|log)$")],
-    name: Annotated[str, Query(max_length=200)],
+    name: Annotated[str, Query(pattern=artifacts.SAFE_NAME)],
+    x_content_sha256: Annotated[str, Header(pattern=artifacts.SHA256_HEX)],
     epoch: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
-    x_content_sha256: Annotated[str | None, Header()] = None,
 ) -> ArtifactOut:
     """Upload a file for a held run; stored only if its SHA-256 matches the header."""
     digest = artifacts.check_upload(name, x_content_sha256)
