@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from service.cli.output import JsonFlag, emit_json, err
+from service.cli.output import JsonFlag, TrainingBar, emit_json, err
 from worker.errors import SpecError
 from worker.executor import run_process_job
 from worker.result import JobResult
@@ -49,32 +48,11 @@ def _run_with_progress(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
 ) -> tuple[int, JobResult]:
-    with Progress(
-        TextColumn(f"{label} [progress.description]{{task.description}}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        disable=quiet,
-    ) as bar:
-        task = bar.add_task("starting (TensorFlow import)", total=None)
+    with TrainingBar(label, quiet=quiet, initial="starting (TensorFlow import)") as bar:
 
         def on_event(event: dict[str, Any]) -> None:
-            if event["event"] == "started":
-                bar.update(task, description="training")
-            elif event["event"] == "step":
-                total = event["epochs"] * event["batches"]
-                bar.update(
-                    task,
-                    total=total,
-                    completed=event["step"],
-                    description=f"epoch {event['epoch']}/{event['epochs']} "
-                    f"loss {event['loss']:.4f}",
-                )
-            elif event["event"] == "epoch_end":
-                bar.update(task, completed=event["step"])
-            elif event["event"] == "finished":
-                bar.update(task, description=event["status"])
+            names = {"started": "training", "finished": event.get("status")}
+            bar.show(event, otherwise=names.get(event["event"]))
 
         return run_process_job(
             spec, out, checkpoint_dir=checkpoint_dir, resume=resume, on_event=on_event

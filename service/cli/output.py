@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 err = Console(stderr=True)
 
@@ -36,3 +37,40 @@ def resolve_token(token: str | None) -> str | None:
 def emit_json(data: Any) -> None:
     """Write one JSON document on stdout."""
     sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
+
+
+class TrainingBar:
+    """A progress bar on stderr, fed with a job's progress events (`worker.progress`)."""
+
+    def __init__(self, label: str, *, quiet: bool, initial: str) -> None:
+        self._progress = Progress(
+            TextColumn(f"{label} [progress.description]{{task.description}}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            disable=quiet,
+        )
+        self._task = self._progress.add_task(initial, total=None)
+
+    def __enter__(self) -> TrainingBar:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def show(self, event: dict[str, Any] | None, *, otherwise: str | None = None) -> None:
+        """Show a step or epoch event; for any other, show `otherwise` if given."""
+        kind = (event or {}).get("event")
+        if event is not None and kind == "step":
+            self._progress.update(
+                self._task,
+                total=event["epochs"] * event["batches"],
+                completed=event["step"],
+                description=f"epoch {event['epoch']}/{event['epochs']} loss {event['loss']:.4f}",
+            )
+        elif event is not None and kind == "epoch_end":
+            self._progress.update(self._task, completed=event["step"])
+        elif otherwise is not None:
+            self._progress.update(self._task, description=otherwise)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from service.cli.local import verdict as file_verdict
@@ -16,6 +15,7 @@ from service.cli.output import (
     ApiOption,
     JsonFlag,
     TokenOption,
+    TrainingBar,
     emit_json,
     err,
     resolve_token,
@@ -41,30 +41,36 @@ def _fail(exc: ApiError) -> typer.Exit:
 
 
 def _wait(client: ApiClient, run_id: int, *, quiet: bool, timeout: float | None) -> dict[str, Any]:
-    with Progress(
-        TextColumn(f"run {run_id} [progress.description]{{task.description}}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        disable=quiet,
-    ) as bar:
-        task = bar.add_task("queued", total=None)
+    with TrainingBar(f"run {run_id}", quiet=quiet, initial="queued") as bar:
 
         def on_update(run: dict[str, Any]) -> None:
-            progress = run.get("progress") or {}
-            if progress.get("event") == "step":
-                bar.update(
-                    task,
-                    total=progress["epochs"] * progress["batches"],
-                    completed=progress["step"],
-                    description=f"epoch {progress['epoch']}/{progress['epochs']} "
-                    f"loss {progress['loss']:.4f}",
-                )
-            else:
-                bar.update(task, description=f"{run['status']} (attempt {run['attempt']})")
+            bar.show(run.get("progress"), otherwise=f"{run['status']} (attempt {run['attempt']})")
 
         return client.wait(run_id, timeout=timeout, on_update=on_update)
+
+
+def _queued(
+    client: ApiClient,
+    run_id: int,
+    doc: dict[str, Any],
+    line: str,
+    *,
+    wait: bool,
+    as_json: bool,
+    timeout: float | None,
+) -> None:
+    """Print what was queued, or wait for it and exit with the run's outcome."""
+    if not wait:
+        if as_json:
+            emit_json(doc)
+        else:
+            typer.echo(line)
+        return
+    if not as_json:
+        typer.echo(line)
+    raise typer.Exit(
+        _finished(client, _wait(client, run_id, quiet=as_json, timeout=timeout), as_json)
+    )
 
 
 def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
@@ -116,21 +122,12 @@ def submit(
         out = client.submit(text, content_type=content_type, idempotency_key=uuid.uuid4().hex)
     except ApiError as exc:
         raise _fail(exc) from None
-    run = out["run"]
-    if not wait:
-        if as_json:
-            emit_json(out)
-        else:
-            typer.echo(
-                f"experiment {out['experiment']['id']}  run {run['id']}  "
-                f"seed {out['experiment']['seed']}  {out['experiment']['spec_hash']}"
-            )
-        return
-    if not as_json:
-        typer.echo(f"submitted experiment {out['experiment']['id']} as run {run['id']}")
-    raise typer.Exit(
-        _finished(client, _wait(client, run["id"], quiet=as_json, timeout=timeout), as_json)
+    run, experiment = out["run"], out["experiment"]
+    line = (
+        f"experiment {experiment['id']}  run {run['id']}  seed {experiment['seed']}  "
+        f"{experiment['spec_hash']}"
     )
+    _queued(client, run["id"], out, line, wait=wait, as_json=as_json, timeout=timeout)
 
 
 def rerun(
@@ -147,17 +144,8 @@ def rerun(
         new = client.rerun(run_id)
     except ApiError as exc:
         raise _fail(exc) from None
-    if not wait:
-        if as_json:
-            emit_json(new)
-        else:
-            typer.echo(f"run {new['id']} queued (rerun of {run_id})")
-        return
-    if not as_json:
-        typer.echo(f"rerun of {run_id} queued as run {new['id']}")
-    raise typer.Exit(
-        _finished(client, _wait(client, new["id"], quiet=as_json, timeout=timeout), as_json)
-    )
+    line = f"run {new['id']} queued (rerun of {run_id})"
+    _queued(client, new["id"], new, line, wait=wait, as_json=as_json, timeout=timeout)
 
 
 def status(
