@@ -52,6 +52,20 @@ def compare_runs(
     return report
 
 
+def compare_records(
+    *,
+    succeeded: tuple[bool, bool],
+    spec_hashes: tuple[str | None, str | None],
+    **comparison: Any,
+) -> dict[str, Any]:
+    """`compare_runs` for two arbitrary runs: `incomparable` unless both succeeded on one spec."""
+    if not all(succeeded):
+        return {"verdict": "incomparable", "reason": "a run did not succeed"}
+    if spec_hashes[0] != spec_hashes[1]:
+        return {"verdict": "incomparable", "reason": "the runs have different specs"}
+    return compare_runs(**comparison)
+
+
 def describe(report: Mapping[str, Any]) -> str:
     """One line for people: the verdict and, when diverged, where and in what."""
     if report["verdict"] == "identical":

@@ -12,22 +12,14 @@ from service.cli.output import (
     ApiOption,
     JsonFlag,
     TokenOption,
+    api_client,
+    api_error_exit,
     emit_json,
     err,
-    resolve_token,
 )
-from service.client import ApiClient, ApiError
+from service.client import ApiError
 
 token_app = typer.Typer(help="Create, list and revoke API tokens (admins).", no_args_is_help=True)
-
-
-def _client(api: str, token: str | None) -> ApiClient:
-    return ApiClient(api, resolve_token(token))
-
-
-def _fail(exc: ApiError) -> typer.Exit:
-    err.print(f"[red]error {exc.status_code}:[/red] {exc.detail}")
-    return typer.Exit(2 if exc.status_code in (400, 401, 403, 404, 422) else 1)
 
 
 @token_app.command("create")
@@ -41,9 +33,9 @@ def create(
 ) -> None:
     """Create a token; its secret is printed once and never again."""
     try:
-        created = _client(api, token).create_token(name, role, expires_in_days=expires_days)
+        created = api_client(api, token).create_token(name, role, expires_in_days=expires_days)
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     if as_json:
         emit_json(created)
     else:
@@ -57,9 +49,9 @@ def list_(
 ) -> None:
     """Every token, without secrets."""
     try:
-        tokens = _client(api, token).tokens()
+        tokens = api_client(api, token).tokens()
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     if as_json:
         emit_json(tokens)
         return
@@ -81,9 +73,9 @@ def list_(
 def revoke(token_id: int, api: ApiOption = DEFAULT_API, token: TokenOption = None) -> None:
     """Revoke a token at once."""
     try:
-        _client(api, token).revoke_token(token_id)
+        api_client(api, token).revoke_token(token_id)
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     err.print(f"token {token_id} revoked")
 
 
@@ -96,9 +88,9 @@ def audit(
 ) -> None:
     """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
     try:
-        page = _client(api, token).audit(action=action, limit=limit)
+        page = api_client(api, token).audit(action=action, limit=limit)
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     if as_json:
         emit_json(page)
         return

@@ -14,7 +14,7 @@ from worker.errors import SpecError
 from worker.executor import run_process_job
 from worker.result import JobResult
 from worker.spec import load_spec
-from worker.verdict import compare_runs, describe
+from worker.verdict import compare_records, describe
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -82,11 +82,9 @@ def run(
 
 def verdict(a: JobResult, b: JobResult) -> dict[str, Any]:
     """The verdict for two result documents (incomparable if one failed or specs differ)."""
-    if a.status != "succeeded" or b.status != "succeeded":
-        return {"verdict": "incomparable", "reason": "a run did not succeed"}
-    if a.spec_hash != b.spec_hash:
-        return {"verdict": "incomparable", "reason": "the runs have different specs"}
-    return compare_runs(
+    return compare_records(
+        succeeded=(a.status == "succeeded", b.status == "succeeded"),
+        spec_hashes=(a.spec_hash, b.spec_hash),
         trace_a=a.trace,
         trace_b=b.trace,
         final_a=a.final_fingerprint,

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from service.client import ApiClient, ApiError
+
 err = Console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
@@ -32,6 +34,20 @@ def resolve_token(token: str | None) -> str | None:
     from service.tokens_bootstrap import read_token_file
 
     return read_token_file(Settings().data_dir)
+
+
+def api_client(api: str, token: str | None) -> ApiClient:
+    """A client of the API with the given or the local token."""
+    return ApiClient(api, resolve_token(token))
+
+
+def api_error_exit(exc: ApiError) -> typer.Exit:
+    """Tell the person what the API said; exit 2 for a refused request, 1 otherwise."""
+    if exc.status_code is None:
+        err.print(f"[red]cannot reach the API:[/red] {exc.detail}")
+        return typer.Exit(1)
+    err.print(f"[red]error {exc.status_code}:[/red] {exc.detail}")
+    return typer.Exit(2 if 400 <= exc.status_code < 500 else 1)
 
 
 def emit_json(data: Any) -> None:

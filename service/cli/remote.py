@@ -16,28 +16,17 @@ from service.cli.output import (
     JsonFlag,
     TokenOption,
     TrainingBar,
+    api_client,
+    api_error_exit,
     emit_json,
     err,
-    resolve_token,
 )
 from service.client import ApiClient, ApiError
 from worker.result import read_result
-from worker.verdict import compare_runs, describe
+from worker.verdict import compare_records, describe
 
 WaitFlag = Annotated[bool, typer.Option("--wait", help="wait until the run finishes")]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
-
-
-def _client(api: str, token: str | None) -> ApiClient:
-    return ApiClient(api, resolve_token(token))
-
-
-def _fail(exc: ApiError) -> typer.Exit:
-    if exc.status_code is None:
-        err.print(f"[red]cannot reach the API:[/red] {exc.detail}")
-        return typer.Exit(1)
-    err.print(f"[red]error {exc.status_code}:[/red] {exc.detail}")
-    return typer.Exit(2 if exc.status_code in (400, 404, 409, 413, 415, 422) else 1)
 
 
 def _wait(client: ApiClient, run_id: int, *, quiet: bool, timeout: float | None) -> dict[str, Any]:
@@ -116,12 +105,12 @@ def submit(
     """Submit an experiment spec (YAML or JSON) and print its run id."""
     text = spec.read_text()
     content_type = "application/json" if spec.suffix.lower() == ".json" else "application/yaml"
-    client = _client(api, token)
+    client = api_client(api, token)
     try:
         # A retried submission (lost response) must not create a second experiment.
         out = client.submit(text, content_type=content_type, idempotency_key=uuid.uuid4().hex)
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     run, experiment = out["run"], out["experiment"]
     line = (
         f"experiment {experiment['id']}  run {run['id']}  seed {experiment['seed']}  "
@@ -139,11 +128,11 @@ def rerun(
     as_json: JsonFlag = False,
 ) -> None:
     """Rerun a run by id; with --wait, print the verdict (exit 1 unless identical)."""
-    client = _client(api, token)
+    client = api_client(api, token)
     try:
         new = client.rerun(run_id)
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     line = f"run {new['id']} queued (rerun of {run_id})"
     _queued(client, new["id"], new, line, wait=wait, as_json=as_json, timeout=timeout)
 
@@ -158,7 +147,7 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Show one run, or a table of recent runs."""
-    client = _client(api, token)
+    client = api_client(api, token)
     try:
         if run_id is not None:
             detail = client.run(run_id)
@@ -185,7 +174,7 @@ def status(
             return
         page = client.runs(limit=limit)
     except ApiError as exc:
-        raise _fail(exc) from None
+        raise api_error_exit(exc) from None
     if as_json:
         emit_json(page)
         return
@@ -214,27 +203,24 @@ def compare(
     if Path(a).is_file() and Path(b).is_file():
         report = file_verdict(read_result(Path(a)), read_result(Path(b)))
     else:
-        client = _client(api, token)
+        client = api_client(api, token)
         try:
             ra, rb = client.run(int(a)), client.run(int(b))
         except (ApiError, ValueError) as exc:
             if isinstance(exc, ApiError):
-                raise _fail(exc) from None
+                raise api_error_exit(exc) from None
             err.print(f"[red]not a run id or a result file:[/red] {exc}")
             raise typer.Exit(2) from None
-        if ra["status"] != "succeeded" or rb["status"] != "succeeded":
-            report = {"verdict": "incomparable", "reason": "a run did not succeed"}
-        elif ra["spec_hash"] != rb["spec_hash"]:
-            report = {"verdict": "incomparable", "reason": "the runs have different specs"}
-        else:
-            report = compare_runs(
-                trace_a=ra["trace"],
-                trace_b=rb["trace"],
-                final_a=ra["final_fingerprint"],
-                final_b=rb["final_fingerprint"],
-                data_a={d["epoch"]: d["fingerprint"] for d in ra["data_fingerprints"] or []},
-                data_b={d["epoch"]: d["fingerprint"] for d in rb["data_fingerprints"] or []},
-            )
+        report = compare_records(
+            succeeded=(ra["status"] == "succeeded", rb["status"] == "succeeded"),
+            spec_hashes=(ra["spec_hash"], rb["spec_hash"]),
+            trace_a=ra["trace"],
+            trace_b=rb["trace"],
+            final_a=ra["final_fingerprint"],
+            final_b=rb["final_fingerprint"],
+            data_a={d["epoch"]: d["fingerprint"] for d in ra["data_fingerprints"] or []},
+            data_b={d["epoch"]: d["fingerprint"] for d in rb["data_fingerprints"] or []},
+        )
     if as_json:
         emit_json(report)
     else:

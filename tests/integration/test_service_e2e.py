@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.integration.jobs import REPO, blobs_spec, run_job
@@ -176,7 +175,7 @@ def test_unknown_ids_are_404_and_foreign_reports_403(api: Service) -> None:
     assert api.client.get("/api/v1/runs/999999").status_code == 404
     assert api.client.post("/api/v1/runs/999999/rerun").status_code == 404
     assert api.client.get("/api/v1/experiments/999999").status_code == 404
-    run_id = api.submit(SEED001).json()["run"]["id"]
+    api.submit(SEED001)  # a queued run for the probe worker to claim
     probe = api.client_for("worker", "probe")
     worker = probe.post("/api/v1/workers/register", json={"name": "probe"}).json()
     claimed = probe.post(f"/api/v1/workers/{worker['id']}/claim")
@@ -198,7 +197,6 @@ def test_unknown_ids_are_404_and_foreign_reports_403(api: Service) -> None:
         assert impostor.status_code == 403, (path, impostor.text)
     still = api.client.get(f"/api/v1/runs/{held}").json()
     assert still["status"] == "running" and still["worker_id"] == worker["id"]
-    assert run_id  # the submission above was stored
 
 
 def test_tampered_artifact_upload_is_rejected_and_leaves_no_file(
@@ -258,7 +256,6 @@ def test_no_5xx_for_odd_requests(api: Service) -> None:
             method, path, content=body, headers={"content-type": "application/json"}
         )
         assert response.status_code < 500, (path, response.status_code, response.text)
-    assert isinstance(api.client, httpx.Client)
 
 
 def test_lease_expiry_requeues_then_fails_after_max_attempts(tmp_path: Path) -> None:
