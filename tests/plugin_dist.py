@@ -9,11 +9,13 @@ PLUGIN_DIR = Path(__file__).parent / "plugins"
 ENTRY_POINTS = """\
 [reprotrain.generators]
 stateful_noise = repro_test_plugins:stateful_noise
+entropy_noise = repro_test_plugins:entropy_noise
 scalar_output = repro_test_plugins:scalar_output
 gaussian_blobs = repro_test_plugins:stateful_noise
 
 [reprotrain.architectures]
 wide_mlp = repro_test_plugins:wide_mlp
+perturbed_mlp = repro_test_plugins:perturbed_mlp
 """
 
 

@@ -141,3 +141,33 @@ def restore(ckpt: Checkpoint, state: Sequence[tuple[str, Any]]) -> None:
         if tuple(var.shape) != array.shape:
             raise CheckpointError(f"{path}: saved shape {array.shape} != model {tuple(var.shape)}")
         var.assign(array)
+
+
+def checkpoint_epoch(name: str) -> int | None:
+    """The epoch of a checkpoint file name (`epoch-000003.json` or `.npz`), else None."""
+    match = re.match(r"^epoch-(\d{6})\.(?:json|npz)$", Path(name).name)
+    return int(match.group(1)) if match else None
+
+
+def read_variables(
+    json_path: Path, paths: Sequence[str], *, npz_path: Path | None = None, verify: bool = True
+) -> dict[str, np.ndarray]:
+    """Only the named variables of one checkpoint (NumPy reads npz members lazily).
+
+    `npz_path` overrides where the arrays are (a content-addressed store renames them);
+    `verify` checks the npz against the digest in the JSON first. CheckpointError if the
+    checkpoint is unreadable or does not match its digest.
+    """
+    try:
+        doc = json.loads(Path(json_path).read_text())
+        arrays_path = Path(npz_path) if npz_path is not None else json_path.with_name(doc["arrays"])
+        if verify and _sha256_file(arrays_path) != doc["arrays_sha256"]:
+            raise CheckpointError(f"{arrays_path.name}: contents do not match the recorded digest")
+        index = {m["path"]: i for i, m in enumerate(doc["manifest"])}
+        wanted = [p for p in paths if p in index]
+        with np.load(arrays_path, allow_pickle=False) as npz:
+            return {p: npz[f"v{index[p]}"] for p in wanted}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{Path(json_path).name}: unreadable checkpoint ({exc})") from exc

@@ -25,9 +25,15 @@ def job_command(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     max_model_parameters: int | None = None,
+    trace_every_steps: int | None = None,
+    until_epoch: int | None = None,
 ) -> list[str]:
     """The command line that runs one job with this interpreter."""
     cmd = [sys.executable, "-m", "worker.run", "--spec", str(spec), "--out", str(out)]
+    if trace_every_steps is not None:
+        cmd += ["--trace-every-steps", str(trace_every_steps)]
+    if until_epoch is not None:
+        cmd += ["--until-epoch", str(until_epoch)]
     if max_model_parameters is not None:
         cmd += ["--max-model-parameters", str(max_model_parameters)]
     if checkpoint_dir is not None:

@@ -312,3 +312,57 @@ def capture_provenance(
         "captured_at": datetime.now(UTC).isoformat(),
         "probe_errors": errors,
     }
+
+
+# Fields whose change can alter the bits a training run produces, with why (first match
+# wins; a prefix ending in "." covers the whole section).
+_BREAKING: tuple[tuple[str, str], ...] = (
+    ("image.digest", "another container image: every library in it may differ"),
+    ("image.reference", "another container image: every library in it may differ"),
+    ("package.", "another version of the training code"),
+    ("libraries.", "another library version: kernels and defaults change between releases"),
+    ("cuda.", "another CUDA/cuDNN build or runtime: GPU kernels and their algorithms differ"),
+    ("gpus.", "another GPU, SM count or driver: kernel choice and reduction order differ"),
+    ("tf_gpus.", "another GPU as TensorFlow sees it: kernel choice differs"),
+    ("cpu.flags_digest", "other CPU instruction sets: oneDNN/Eigen pick other kernels"),
+    ("cpu.model", "another CPU model: vector kernels and their reduction order may differ"),
+    ("threads.", "other thread counts: parallel reductions sum in another order"),
+    ("determinism.", "other determinism settings"),
+    ("environment.", "an environment variable read by TensorFlow, CUDA or the math libraries"),
+    ("packages.", "another set of installed packages"),
+    ("os.libc", "another C library: libm's transcendental functions may round differently"),
+    ("python.version", "another Python: its packages are other builds"),
+)
+_IGNORED = ("captured_at",)
+
+
+def _classify(field: str) -> tuple[bool, str | None]:
+    for prefix, why in _BREAKING:
+        if field == prefix or (prefix.endswith(".") and field.startswith(prefix)):
+            return True, why
+    return False, None
+
+
+def diff_provenance(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every recorded environment field that differs, fields that break bitwise results first.
+
+    Each entry is `{"field", "a", "b", "breaks_reproducibility", "why"}` with dotted field
+    names (`libraries.tensorflow`, `environment.TF_NUM_INTEROP_THREADS`); a field missing on
+    one side has None there. The capture time is not compared.
+    """
+    flat_a, flat_b = flatten_provenance(a), flatten_provenance(b)
+    entries = []
+    for field in sorted(set(flat_a) | set(flat_b)):
+        if field in _IGNORED or flat_a.get(field) == flat_b.get(field):
+            continue
+        breaking, why = _classify(field)
+        entries.append(
+            {
+                "field": field,
+                "a": flat_a.get(field),
+                "b": flat_b.get(field),
+                "breaks_reproducibility": breaking,
+                "why": why,
+            }
+        )
+    return sorted(entries, key=lambda e: (not e["breaks_reproducibility"], e["field"]))

@@ -53,6 +53,7 @@ class JobResult(BaseModel):
     checkpoints: list[str] = Field(default_factory=list)
     resumed_from_epoch: int | None = None
     interrupted_after_epoch: int | None = None
+    until_epoch: int | None = None  # set when asked to finish early (a re-trace)
     warnings: list[str] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
     error: JobError | None = None

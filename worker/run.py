@@ -50,6 +50,18 @@ def _parser() -> argparse.ArgumentParser:
         help="checkpoint after epoch K and stop with status 'interrupted'",
     )
     p.add_argument(
+        "--trace-every-steps",
+        type=int,
+        metavar="N",
+        help="fingerprint every N steps, whatever the spec says (the spec hash is unchanged)",
+    )
+    p.add_argument(
+        "--until-epoch",
+        type=int,
+        metavar="E",
+        help="finish after epoch E: with --resume and --trace-every-steps, re-traces one stretch",
+    )
+    p.add_argument(
         "--max-model-parameters",
         type=int,
         metavar="N",
@@ -111,6 +123,8 @@ def run_job(
     reporter: ProgressReporter,
     stop_requested: Callable[[int], bool] = lambda epoch: False,
     max_model_parameters: int | None = None,
+    trace_every_steps: int | None = None,
+    until_epoch: int | None = None,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -138,11 +152,13 @@ def run_job(
             reporter=reporter,
             stop_requested=stop_requested,
             max_model_parameters=max_model_parameters,
+            trace_every_steps=trace_every_steps,
+            until_epoch=until_epoch,
         )
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
         )
-        every = resolved.training.fingerprint_every_steps
+        every = trace_every_steps or resolved.training.fingerprint_every_steps
         interrupted = outcome.interrupted_after_epoch
         result.determinism = outcome.determinism
         result.metrics = outcome.metrics
@@ -155,6 +171,9 @@ def run_job(
             result.checkpoints = [str(checkpoint_dir / c) for c in outcome.checkpoints]
         result.resumed_from_epoch = outcome.resumed_from_epoch
         result.interrupted_after_epoch = interrupted
+        result.until_epoch = (
+            until_epoch if until_epoch and until_epoch < spec.training.epochs else None
+        )
         result.warnings = outcome.warnings
         result.timings = {"startup": round(startup, 6), **outcome.timings}
         result.status = "interrupted" if interrupted else "succeeded"
@@ -177,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.resume and args.checkpoint_dir is None:
             raise SpecError("--resume needs --checkpoint-dir")
+        for option in ("trace_every_steps", "until_epoch", "stop_after_epoch"):
+            value = getattr(args, option)
+            if value is not None and value < 1:
+                raise SpecError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
         spec = load_spec(args.spec)
     except (SpecError, OSError) as exc:
         result = _failure(exc, JobResult(status="failed"), phase="spec")
@@ -191,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             reporter=reporter,
             stop_requested=stop,
             max_model_parameters=args.max_model_parameters,
+            trace_every_steps=args.trace_every_steps,
+            until_epoch=args.until_epoch,
         )
     write_result(result, args.out)
     reporter.emit(

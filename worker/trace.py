@@ -104,3 +104,67 @@ def compare_traces(
     unmatched_b = [(p.epoch, p.step, p.kind) for p in points_b if p.key not in keys_a]
     identical = first is None and not unmatched_a and not unmatched_b and bool(common)
     return TraceComparison(identical, len(common), first, unmatched_a, unmatched_b)
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where two traces part, found by comparing combined fingerprints only.
+
+    `first` and `last_equal` index `common` (the moments both traces recorded, in training
+    order). `first` is None when every common moment is equal. `inspected` counts the
+    moments whose fingerprints were compared.
+    """
+
+    common: list[tuple[TracePoint, TracePoint]]
+    first: int | None
+    last_equal: int | None
+    inspected: int
+    unmatched_a: list[tuple[int, int, PointKind]]
+    unmatched_b: list[tuple[int, int, PointKind]]
+
+
+def locate_divergence(
+    a: Sequence[TracePoint | Mapping[str, Any]], b: Sequence[TracePoint | Mapping[str, Any]]
+) -> Located:
+    """The first common moment at which the runs' combined fingerprints differ.
+
+    Training state evolves from the state before it, so once two runs differ they keep
+    differing: the common moments form a run of equal points followed by a run of
+    different ones, and the boundary is found by bisection in O(log n) comparisons. The
+    first and last moments are compared first; if the last is equal the traces are scanned
+    point by point, so a transient difference (state that later re-converged, which
+    bisection would miss) is still reported. Only combined fingerprints are compared;
+    per-variable digests are left to the caller, for the one point that matters.
+    """
+    points_a, points_b = _points(a), _points(b)
+    by_key_b = {p.key: p for p in points_b}
+    keys_a = {p.key for p in points_a}
+    common = [(p, by_key_b[p.key]) for p in points_a if p.key in by_key_b]
+    unmatched_a = [(p.epoch, p.step, p.kind) for p in points_a if p.key not in by_key_b]
+    unmatched_b = [(p.epoch, p.step, p.kind) for p in points_b if p.key not in keys_a]
+
+    def equal(i: int) -> bool:
+        return common[i][0].fingerprint == common[i][1].fingerprint
+
+    if not common:
+        return Located(common, None, None, 0, unmatched_a, unmatched_b)
+    last = len(common) - 1
+    inspected = 1
+    if equal(last):
+        # No boundary to bisect for: make sure nothing in between differed.
+        first = next((i for i in range(last) if not equal(i)), None)
+        inspected += last
+        last_equal = last if first is None else (first - 1 if first > 0 else None)
+        return Located(common, first, last_equal, inspected, unmatched_a, unmatched_b)
+    inspected += 1
+    if not equal(0):
+        return Located(common, 0, None, inspected, unmatched_a, unmatched_b)
+    lo, hi = 0, last  # invariant: equal(lo) and not equal(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        inspected += 1
+        if equal(mid):
+            lo = mid
+        else:
+            hi = mid
+    return Located(common, hi, lo, inspected, unmatched_a, unmatched_b)

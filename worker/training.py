@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from worker import checkpoint as ckpt_io
 from worker import determinism, registry
 from worker.batch_source import BatchSource, DataInfo
 from worker.errors import ArchitectureError, CheckpointError, GeneratorError
-from worker.fingerprint import fingerprint_state, training_state
+from worker.fingerprint import StreamDigest, fingerprint_state, training_state
 from worker.progress import ProgressReporter
 from worker.seeds import SeedTuple
 from worker.spec import ExperimentSpec
@@ -201,11 +202,19 @@ def run_training(
     reporter: ProgressReporter,
     stop_requested: Callable[[int], bool] = lambda epoch: False,
     max_model_parameters: int | None = None,
+    trace_every_steps: int | None = None,
+    until_epoch: int | None = None,
 ) -> TrainingOutcome:
     """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
 
     `stop_requested(epoch)` is asked after each epoch; when it says yes, training
     checkpoints that epoch and returns early with `interrupted_after_epoch` set.
+    `trace_every_steps` overrides the spec's trace granularity and `until_epoch` ends
+    training after that epoch (as finished, not interrupted): together they re-trace one
+    stretch of a run step by step without changing its spec. If the model has a
+    `training_callbacks` list of Keras callbacks (an architecture may attach one), they
+    get `on_train_batch_end` after every step and `on_epoch_end` (Keras's 0-based epoch)
+    before the epoch's trace point, with `step` and `epoch` (1-based) in their logs.
     """
     t_start = time.monotonic()
     record = determinism.apply(spec.determinism, seed)
@@ -224,9 +233,19 @@ def run_training(
         "checkpointing": 0.0,
     }
     tr = spec.training
+    every = trace_every_steps or tr.fingerprint_every_steps
+    last_epoch = min(tr.epochs, until_epoch or tr.epochs)
+    callbacks = list(getattr(job.model, "training_callbacks", None) or [])
+    for callback in callbacks:
+        callback.set_model(job.model)
     steps_per_epoch = spec.dataset.train_batches
     spec_hash = spec.spec_hash()
     first_epoch, step = 1, 0
+    # A stateless generator gives the same batches when an epoch is generated again, so its
+    # data fingerprints are computed after training. A generator with stateful RNG ops does
+    # not: its fingerprints are taken from the batches training actually consumed.
+    in_loop_data = bool(job.data.stateful_random_ops)
+    consumed: list[dict[str, Any]] = []
 
     if resume and checkpoint_dir is not None:
         ckpt, skipped = ckpt_io.load_latest(checkpoint_dir, spec_hash=spec_hash)
@@ -244,19 +263,24 @@ def run_training(
             out.metrics = list(ckpt.meta["metrics"])
             out.checkpoints = list(ckpt.meta["checkpoints"])
             out.resumed_from_epoch = ckpt.epoch
+            consumed = list(ckpt.meta.get("consumed_data_fingerprints", []))
             reporter.emit("resumed", epoch=ckpt.epoch, step=step)
     if not out.trace:
         out.trace.append(job.point("init", 0, 0))
 
-    for epoch in range(first_epoch, tr.epochs + 1):
+    for epoch in range(first_epoch, last_epoch + 1):
         t_epoch = time.monotonic()
         determinism.reseed(seed, "epoch", epoch)
         for metric in job.train_metrics + job.eval_metrics:
             metric.reset_state()
         reporter.emit("epoch_start", epoch=epoch, epochs=tr.epochs)
+        data_digest = StreamDigest() if in_loop_data else None
         for batch_in_epoch, (x, y) in enumerate(
             _batches(job.data.for_epoch(epoch).as_dataset(), job.data.name), start=1
         ):
+            if data_digest is not None:
+                data_digest.add_array(f"{batch_in_epoch - 1}/0", np.asarray(x))
+                data_digest.add_array(f"{batch_in_epoch - 1}/1", np.asarray(y))
             loss = job.train_step(x, y)
             step += 1
             if reporter.step_due():
@@ -268,24 +292,30 @@ def run_training(
                     step=step,
                     loss=float(loss),
                 )
-            if tr.fingerprint_every_steps and step % tr.fingerprint_every_steps == 0:
+            for callback in callbacks:
+                callback.on_train_batch_end(batch_in_epoch - 1, {"step": step, "epoch": epoch})
+            if every and step % every == 0:
                 t_fp = time.monotonic()
                 out.trace.append(job.point("step", epoch, step))
                 timings["fingerprinting"] += time.monotonic() - t_fp
+        if data_digest is not None:
+            consumed.append({"epoch": epoch, "fingerprint": data_digest.hexdigest()})
         row: dict[str, Any] = {"epoch": epoch, "step": step, **_read(job.train_metrics)}
         if job.eval_data is not None:
             for x, y in _batches(job.eval_data.as_dataset(), job.data.name):
                 job.eval_step(x, y)
             row.update(_read(job.eval_metrics))
+        for callback in callbacks:
+            callback.on_epoch_end(epoch - 1, {"step": step, "epoch": epoch})
         t_fp = time.monotonic()
         out.trace.append(job.point("epoch", epoch, step))
         timings["fingerprinting"] += time.monotonic() - t_fp
         row["seconds"] = round(time.monotonic() - t_epoch, 6)
         out.metrics.append(row)
         reporter.emit("epoch_end", **row, fingerprint=out.trace[-1].fingerprint)
-        stopping = epoch < tr.epochs and stop_requested(epoch)
+        stopping = epoch < last_epoch and stop_requested(epoch)
         if checkpoint_dir is not None and (
-            epoch % tr.checkpoint_every_epochs == 0 or epoch == tr.epochs or stopping
+            epoch % tr.checkpoint_every_epochs == 0 or epoch == last_epoch or stopping
         ):
             t_ck = time.monotonic()
             name = f"epoch-{epoch:06d}.json"
@@ -296,6 +326,7 @@ def run_training(
                 "trace": [p.model_dump() for p in out.trace],
                 "metrics": out.metrics,
                 "checkpoints": [*out.checkpoints, name],
+                "consumed_data_fingerprints": consumed,
             }
             ckpt_io.save_checkpoint(
                 checkpoint_dir, epoch=epoch, step=step, state=job.state, meta=meta
@@ -311,10 +342,14 @@ def run_training(
 
     # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
     t_data = time.monotonic()
-    out.data_fingerprints = [
-        {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
-        for e in range(1, (out.interrupted_after_epoch or tr.epochs) + 1)
-    ]
+    out.data_fingerprints = (
+        consumed
+        if in_loop_data
+        else [
+            {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
+            for e in range(1, (out.interrupted_after_epoch or last_epoch) + 1)
+        ]
+    )
     if job.eval_data is not None:
         out.eval_data_fingerprint = job.eval_data.data_fingerprint()
     timings["data_fingerprints"] = time.monotonic() - t_data

@@ -14,7 +14,7 @@ from worker.errors import SpecError
 from worker.executor import run_process_job
 from worker.result import JobResult
 from worker.spec import load_spec
-from worker.verdict import compare_records, describe
+from worker.verdict import build_report, describe, record_from_result
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -80,18 +80,11 @@ def run(
     raise typer.Exit(code)
 
 
-def verdict(a: JobResult, b: JobResult) -> dict[str, Any]:
-    """The verdict for two result documents (incomparable if one failed or specs differ)."""
-    return compare_records(
-        succeeded=(a.status == "succeeded", b.status == "succeeded"),
-        spec_hashes=(a.spec_hash, b.spec_hash),
-        trace_a=a.trace,
-        trace_b=b.trace,
-        final_a=a.final_fingerprint,
-        final_b=b.final_fingerprint,
-        data_a={d.epoch: d.fingerprint for d in a.data_fingerprints},
-        data_b={d.epoch: d.fingerprint for d in b.data_fingerprints},
-    )
+def verdict(
+    a: JobResult, b: JobResult, labels: tuple[str, str] = ("run", "rerun")
+) -> dict[str, Any]:
+    """The comparison report of two result documents (incomparable if one failed)."""
+    return build_report(record_from_result(a, labels[0]), record_from_result(b, labels[1]))
 
 
 def verify(

@@ -73,7 +73,7 @@ def test_verify_runs_example_and_rerun_and_compare_explains_a_divergence(tmp_pat
     assert verdict["verdict"] == "diverged"
     assert verdict["first_divergence"]["label"] == "end of epoch 2"
     assert verdict["variables"] == ["model/output/bias"]
-    assert verdict["cause"] == "computation differed (data equal)"
+    assert verdict["cause"] == "compute"
 
 
 def test_run_fails_clearly_on_a_bad_spec(tmp_path: Path) -> None:
