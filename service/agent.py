@@ -222,7 +222,10 @@ class Agent:
         result_path = attempt_dir / "result.json"
         started = time.monotonic()
         limit = (claim.get("limits") or {}).get("max_model_parameters")
-        job = _Job(run_id, self._start_job(spec_path, result_path, ckpt_dir, resume, limit))
+        options = claim.get("job") or {}
+        job = _Job(
+            run_id, self._start_job(spec_path, result_path, ckpt_dir, resume, limit, options)
+        )
         with self._lock:
             self._job = job
             stops = self._stops
@@ -262,7 +265,9 @@ class Agent:
         ckpt_dir: Path,
         resume: bool,
         max_model_parameters: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> subprocess.Popen[str]:
+        options = options or {}
         return subprocess.Popen(
             job_command(
                 spec_path,
@@ -270,6 +275,8 @@ class Agent:
                 checkpoint_dir=ckpt_dir,
                 resume=resume,
                 max_model_parameters=max_model_parameters,
+                trace_every_steps=options.get("trace_every_steps"),
+                until_epoch=options.get("until_epoch"),
             ),
             env=job_environment(),
             stdin=subprocess.DEVNULL,

@@ -179,8 +179,9 @@ class ApiClient:
         *,
         content_type: str = "application/yaml",
         idempotency_key: str | None = None,
+        copies: int | None = None,
     ) -> dict[str, Any]:
-        """Submit a spec; returns {"experiment": ..., "run": ...}."""
+        """Submit a spec; returns {"experiment": ..., "run": ...} (and "audit" with copies)."""
         headers = {"Content-Type": content_type}
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
@@ -190,8 +191,26 @@ class ApiClient:
             idempotent=idempotency_key is not None,
             content=spec_text.encode(),
             headers=headers,
+            params={"copies": copies} if copies is not None else None,
         )
         return _as_dict(response)
+
+    def compare(self, a: Id, b: Id) -> dict[str, Any]:
+        """The comparison report of run b against run a."""
+        return _as_dict(self._call("GET", f"{API}/compare", params={"a": a, "b": b}))
+
+    def refine(self, a: Id, b: Id) -> dict[str, Any]:
+        """Queue the per-step re-trace of two diverged runs' divergent epoch."""
+        body = {"a": a, "b": b}
+        return _as_dict(self._call("POST", f"{API}/compare/refine", json=body))
+
+    def refinement(self, refinement_id: Id) -> dict[str, Any]:
+        """A refinement: its runs' status and, once both finished, its report."""
+        return _as_dict(self._call("GET", f"{API}/compare/refine/{refinement_id}"))
+
+    def reproducibility_audit(self, audit_id: Id) -> dict[str, Any]:
+        """A reproducibility audit: its copies and whether they all agree."""
+        return _as_dict(self._call("GET", f"{API}/repro-audits/{audit_id}"))
 
     def experiments(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         """A page of experiments: {"items": [...], "total": n}."""

@@ -81,11 +81,14 @@ def create_experiment(
     idempotency_key: str | None = None,
     request_hash: str | None = None,
     actor: Principal | None = None,
+    copies: int = 1,
 ) -> tuple[Experiment, Run, bool]:
     """Store the spec with its resolved seed and queue its first run.
 
-    Returns (experiment, run, created); a repeated idempotency key returns the original
-    with created False, and a key reused for a different body raises Conflict.
+    With `copies` > 1 it queues that many runs at once as a reproducibility audit: one
+    family whose copies go to different workers (the audit id is the first run's id).
+    Returns (experiment, first run, created); a repeated idempotency key returns the
+    original with created False, and a key reused for a different body raises Conflict.
     """
     if idempotency_key is not None:
         found = _by_idempotency_key(db, idempotency_key, request_hash)
@@ -116,13 +119,26 @@ def create_experiment(
             raise
         return found[0], found[1], False
     run.family_id = run.id
+    if copies > 1:
+        run.audit_id = run.id
+        db.add_all(
+            Run(
+                experiment=experiment,
+                status="queued",
+                required_image=spec.environment.image,
+                rerun_of_id=run.id,
+                family_id=run.id,
+                audit_id=run.id,
+            )
+            for _ in range(copies - 1)
+        )
     audit(
         db=db,
         actor=actor,
         action="experiment.submit",
         target_type="experiment",
         target_id=experiment.id,
-        details={"run_id": run.id, "spec_hash": experiment.spec_hash},
+        details={"run_id": run.id, "spec_hash": experiment.spec_hash, "copies": copies},
     )
     db.commit()
     return experiment, run, True
@@ -139,9 +155,10 @@ def _by_idempotency_key(
     return experiment, experiment.runs[0]
 
 
-def body_hash(body: bytes, content_type: str) -> str:
+def body_hash(body: bytes, content_type: str, copies: int = 1) -> str:
     """Digest identifying a submission for idempotency checks."""
-    return hashlib.sha256(content_type.encode() + b"\0" + body).hexdigest()
+    head = content_type.encode() + (f"\0copies={copies}".encode() if copies > 1 else b"")
+    return hashlib.sha256(head + b"\0" + body).hexdigest()
 
 
 def get_run(db: Session, run_id: int) -> Run:
@@ -163,6 +180,8 @@ def get_experiment(db: Session, experiment_id: int) -> Experiment:
 def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
     original = get_run(db, run_id)
+    if original.kind != "train":
+        raise Conflict(f"run {run_id} is a re-trace; rerun the run it re-traced")
     if original.status == "cancelled":
         raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
     spec = original.experiment.spec
@@ -171,7 +190,7 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
     # Pin what the original actually ran on, so the rerun cannot silently change image.
-    image = original.required_image or _reported_image(original.provenance)
+    image = original.required_image or reported_image(original.provenance)
     new = Run(
         experiment_id=original.experiment_id,
         rerun_of_id=original.id,
@@ -193,7 +212,7 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     return new
 
 
-def _reported_image(provenance: dict[str, Any] | None) -> str | None:
+def reported_image(provenance: dict[str, Any] | None) -> str | None:
     """The image digest (else reference) a run reported running on, if it reported one."""
     recorded = (provenance or {}).get("image")
     if not isinstance(recorded, dict):

@@ -120,6 +120,14 @@ class Run(Base):
     data_fingerprints: Mapped[list[Any] | None] = mapped_column(JSON)
     result_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # "train" for trainings of the experiment; "refine" for a re-trace of part of a run.
+    kind: Mapped[str] = mapped_column(String(20), default="train", server_default="train")
+    # Options for the job beyond its spec (a re-trace's epochs, granularity, starting point).
+    job_options: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Only the worker of this name may claim the run (a re-trace runs where its run ran).
+    required_worker: Mapped[str | None] = mapped_column(String(200))
+    # The first run of a reproducibility audit: its copies run on different workers.
+    audit_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(
@@ -174,3 +182,19 @@ class Verdict(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="verdict_record", foreign_keys=[run_id])
+
+
+class Refinement(Base):
+    """A per-step re-trace of the divergent epoch of two runs, from their last common state."""
+
+    __tablename__ = "refinements"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_a_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    run_b_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    epoch: Mapped[int]  # the epoch re-traced step by step
+    from_epoch: Mapped[int]  # the checkpoint both re-traces start from (0: from scratch)
+    refine_a_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    refine_b_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

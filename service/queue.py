@@ -6,11 +6,11 @@ A run is held by at most one worker: claiming is one atomic conditional update (
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, delete, exists, or_, select, update
+from sqlalchemy.orm import Session, aliased
 
 from service import verdicts
 from service.auth import Principal
@@ -60,19 +60,6 @@ def check_worker(db: Session, worker_id: int, principal: Principal) -> Worker:
     return worker
 
 
-def check_holds(db: Session, run_id: int, principal: Principal) -> None:
-    """Forbidden unless one of this token's workers holds the run now."""
-    run = db.get(Run, run_id)
-    holder = db.get(Worker, run.worker_id) if run and run.worker_id else None
-    if (
-        run is None
-        or run.status != "running"
-        or holder is None
-        or (holder.token_id != principal.token_id)
-    ):
-        raise Forbidden(f"this worker does not hold run {run_id}")
-
-
 def requeue_expired(*, db: Session, settings: Settings) -> None:
     """Put runs whose lease expired back in the queue, or fail them after too many attempts."""
     now = utcnow()
@@ -102,18 +89,37 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
     db.commit()
 
 
+def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
+    """A copy of a reproducibility audit goes to a worker that has not run one of its copies,
+    unless every live worker already has (then any may take another)."""
+    mine, theirs, other = aliased(Run), aliased(Run), aliased(Worker)
+    has_copy = exists().where(mine.audit_id == candidate.audit_id, mine.worker_id == worker.id)
+    idle_elsewhere = exists().where(
+        other.id != worker.id,
+        other.last_seen_at >= live_since,
+        ~exists().where(theirs.audit_id == candidate.audit_id, theirs.worker_id == other.id),
+    )
+    return or_(candidate.audit_id.is_(None), ~has_copy, ~idle_elsewhere)
+
+
 def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
     """Atomically take the oldest queued run this worker can run, or None."""
     worker = get_worker(db, worker_id)
     requeue_expired(db=db, settings=settings)
     now = utcnow()
+    candidate = aliased(Run)
     runnable = and_(
-        Run.status == "queued",
-        or_(Run.required_image.is_(None), Run.required_image.in_(worker.images or [""])),
+        candidate.status == "queued",
+        or_(
+            candidate.required_image.is_(None),
+            candidate.required_image.in_(worker.images or [""]),
+        ),
+        or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
+        _spread(candidate, worker, now - timedelta(seconds=settings.lease_seconds)),
     )
-    candidates = select(Run.id).where(runnable).order_by(Run.id).limit(1)
+    candidates = select(candidate.id).where(runnable).order_by(candidate.id).limit(1)
     if db.get_bind().dialect.name == "postgresql":
-        candidates = candidates.with_for_update(skip_locked=True)
+        candidates = candidates.with_for_update(of=candidate, skip_locked=True)
     run_id = db.execute(
         update(Run)
         .where(Run.id == candidates.scalar_subquery(), Run.status == "queued")
@@ -161,6 +167,9 @@ def heartbeat(
     now = utcnow()
     run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
     run.heartbeat_at = now
+    worker = db.get(Worker, worker_id)
+    if worker is not None:
+        worker.last_seen_at = now  # a busy worker is alive too
     if progress is not None:
         run.progress = progress
     db.commit()
@@ -227,7 +236,7 @@ def complete(*, db: Session, run_id: int, worker_id: int, result: JobResult) -> 
         for i, p in enumerate(result.trace)
     )
     db.flush()
-    if run.status == "succeeded":
+    if run.status == "succeeded" and run.kind == "train":
         verdicts.update_family(db=db, family_id=run.family_id or run.id)
     db.commit()
     return run
@@ -244,11 +253,41 @@ def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> 
     return run
 
 
-def latest_checkpoint(db: Session, run_id: int) -> tuple[int, list[Artifact]] | None:
-    """The newest epoch whose checkpoint files (npz and json) were both uploaded."""
-    rows = db.scalars(
-        select(Artifact).where(Artifact.run_id == run_id, Artifact.kind == "checkpoint")
+def resume_point(db: Session, run: Run) -> tuple[int, list[Artifact]] | None:
+    """The checkpoint a claimed run starts from: its own newest, else (a re-trace) the
+    checkpoint of the run and epoch its job options name."""
+    own = latest_checkpoint(db, run.id)
+    options = run.job_options or {}
+    if own is not None or not options.get("resume_from_epoch"):
+        return own
+    return latest_checkpoint(
+        db, int(options["resume_from_run"]), at_epoch=int(options["resume_from_epoch"])
+    )
+
+
+def may_read_artifact(db: Session, artifact: Artifact, principal: Principal) -> bool:
+    """Whether a worker token may download the artifact: its worker holds the artifact's run,
+    or holds a re-trace that starts from that run's checkpoint."""
+    held = db.scalars(
+        select(Run)
+        .join(Worker, Worker.id == Run.worker_id)
+        .where(Run.status == "running", Worker.token_id == principal.token_id)
     ).all()
+    return any(
+        run.id == artifact.run_id
+        or (run.job_options or {}).get("resume_from_run") == artifact.run_id
+        for run in held
+    )
+
+
+def latest_checkpoint(
+    db: Session, run_id: int, *, at_epoch: int | None = None
+) -> tuple[int, list[Artifact]] | None:
+    """The newest epoch (or `at_epoch`) whose checkpoint files, npz and json, were uploaded."""
+    query = select(Artifact).where(Artifact.run_id == run_id, Artifact.kind == "checkpoint")
+    if at_epoch is not None:
+        query = query.where(Artifact.epoch == at_epoch)
+    rows = db.scalars(query).all()
     by_epoch: dict[int, dict[str, Artifact]] = {}
     for art in rows:
         if art.epoch is not None:

@@ -14,6 +14,7 @@ T = TypeVar("T")
 # Ids and counters live in 32-bit INTEGER columns (PostgreSQL); larger numbers are refused.
 MAX_ID = 2**31 - 1
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+MAX_AUDIT_COPIES = 16
 # PostgreSQL text cannot hold NUL characters; names and labels refuse them.
 PlainText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 
@@ -76,6 +77,8 @@ class RunOut(BaseModel):
     error: dict[str, Any] | None
     verdict: str | None = None
     is_reference: bool = False
+    kind: str = "train"  # or "refine": a re-trace made by POST /compare/refine
+    audit_id: int | None = None  # the reproducibility audit this run is a copy in
 
 
 class RunDetail(RunOut):
@@ -90,7 +93,7 @@ class RunDetail(RunOut):
     trace_granularity: str | None
     trace: list[dict[str, Any]]
     result_summary: dict[str, Any] | None
-    verdict_report: dict[str, Any] | None = None
+    verdict_report: ComparisonReport | None = None
     reference_run_id: int | None = None
     checkpoint_epoch: int | None = None
 
@@ -105,6 +108,7 @@ class Page(BaseModel, Generic[T]):
 class SubmitOut(BaseModel):
     experiment: ExperimentOut
     run: RunOut
+    audit_id: int | None = None  # with ?copies=N: the reproducibility audit of the N runs
 
 
 class _Input(BaseModel):
@@ -218,6 +222,8 @@ class ClaimOut(BaseModel):
     lease: LeaseOut
     checkpoint: CheckpointOut | None
     limits: dict[str, int] = Field(default_factory=dict)
+    # Job options beyond the spec: `trace_every_steps`, `until_epoch` (a re-trace).
+    job: dict[str, int] = Field(default_factory=dict)
 
 
 class ArtifactOut(BaseModel):
@@ -265,3 +271,127 @@ class AuditOut(BaseModel):
     target_type: str
     target_id: int | None
     details: dict[str, Any]
+
+
+class Moment(BaseModel):
+    """A point in training: `init`, the end of an epoch, or after a step."""
+
+    kind: Literal["init", "step", "epoch"]
+    epoch: int
+    step: int
+    label: str
+
+
+class ProvenanceField(BaseModel):
+    """One recorded environment field that differs between two runs."""
+
+    field: str
+    a: Any
+    b: Any
+    breaks_reproducibility: bool
+    why: str | None
+
+
+class VariableDifference(BaseModel):
+    """How much one variable differs, measured from the two runs' checkpoints."""
+
+    variable: str
+    layer: str
+    dtype: str | None = None
+    shape: list[int] | None = None
+    elements: int | None = None
+    elements_differing: int | None = None
+    max_abs_diff: float | None = None
+    relative_norm: float | None = None
+    max_ulp: int | None = None
+    note: str | None = None
+
+
+class DataCheck(BaseModel):
+    """The data fingerprints of the divergent epoch: equal means the computation diverged."""
+
+    epoch: int
+    a: str | None
+    b: str | None
+    equal: bool | None
+
+
+class MeasuredAt(BaseModel):
+    epoch: int
+    label: str
+    at_divergence: bool
+
+
+class ComparisonReport(BaseModel):
+    """Two runs compared: identical, diverged (where, in what, how much, why), or incomparable."""
+
+    verdict: Literal["identical", "diverged", "incomparable"]
+    explanation: str
+    a: int | None = None
+    b: int | None = None
+    reason: str | None = None
+    fingerprint: str | None = None
+    points: int | None = None
+    points_inspected: int | None = None
+    first_divergence: Moment | None = None
+    last_identical: Moment | None = None
+    variables: list[str] = Field(default_factory=list)
+    variables_only_in: dict[str, list[str]] | None = None
+    layers: dict[str, list[str]] = Field(default_factory=dict)
+    differences: list[VariableDifference] = Field(default_factory=list)
+    differences_measured_at: MeasuredAt | None = None
+    differences_note: str | None = None
+    cause: Literal["data", "compute", "unknown"] | None = None
+    data: DataCheck | None = None
+    data_epochs_differing: list[int] = Field(default_factory=list)
+    provenance_diff: list[ProvenanceField] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class RefineIn(_Input):
+    a: Id
+    b: Id
+
+
+class RefineRun(BaseModel):
+    id: int
+    status: str
+    required_worker: str | None
+    progress: dict[str, Any] | None
+    error: dict[str, Any] | None
+
+
+class RefinementOut(BaseModel):
+    """A per-step re-trace of two runs' divergent epoch; `report` once both re-traces finish."""
+
+    id: int
+    a: int
+    b: int
+    epoch: int
+    from_epoch: int
+    status: Literal["queued", "running", "finished", "failed"]
+    runs: list[RefineRun]
+    waiting: list[str]
+    report: ComparisonReport | None
+    created_at: UtcDatetime
+
+
+class AuditCopy(BaseModel):
+    id: int
+    status: str
+    worker_id: int | None
+    worker: str | None
+    final_fingerprint: str | None
+    verdict: str | None
+
+
+class ReproAuditOut(BaseModel):
+    """N copies of one experiment run at once on different workers: do they all agree?"""
+
+    id: int
+    experiment_id: int
+    copies: list[AuditCopy]
+    finished: bool
+    agree: bool | None
+    distinct_workers: int
+    summary: str

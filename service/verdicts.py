@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.comparisons import compare
 from service.models import Run, TracePointRow, Verdict
-from worker.verdict import compare_runs
 
 
 def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
@@ -28,29 +28,16 @@ def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
     ]
 
 
-def _data(run: Run) -> dict[int, str]:
-    return {int(d["epoch"]): d["fingerprint"] for d in run.data_fingerprints or []}
-
-
-def compare(db: Session, reference: Run, run: Run) -> dict[str, Any]:
-    """The comparison report of `run` against `reference`."""
-    return compare_runs(
-        trace_a=trace_of(db, reference.id),
-        trace_b=trace_of(db, run.id),
-        final_a=reference.final_fingerprint,
-        final_b=run.final_fingerprint,
-        data_a=_data(reference),
-        data_b=_data(run),
-    )
-
-
 def update_family(*, db: Session, family_id: int) -> None:
     """Give a verdict to every successful run of the family against its reference.
 
-    The reference is the family's first successful run (lowest id); it has no verdict.
+    The reference is the family's first successful run (lowest id); it has no verdict. The
+    stored report is the full comparison (divergence, sizes, data, environment).
     """
     runs = db.scalars(
-        select(Run).where(Run.family_id == family_id, Run.status == "succeeded").order_by(Run.id)
+        select(Run)
+        .where(Run.family_id == family_id, Run.status == "succeeded", Run.kind == "train")
+        .order_by(Run.id)
     ).all()
     if not runs:
         return

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service import queue
+from service.comparisons import compare
 from service.models import Run, Verdict
-from service.schemas import RunDetail, RunOut
+from service.schemas import ComparisonReport, RunDetail, RunOut
 from service.verdicts import trace_of
 
 
@@ -44,6 +46,19 @@ def run_out(db: Session, run: Run) -> RunOut:
     return run_outs(db, [run])[0]
 
 
+def _report(db: Session, verdict: Verdict | None) -> ComparisonReport | None:
+    """The stored report; one stored in an older format is built again and replaced."""
+    if verdict is None:
+        return None
+    try:
+        return ComparisonReport.model_validate(verdict.report)
+    except ValidationError:
+        fresh = compare(db, db.get_one(Run, verdict.reference_run_id), verdict.run)
+        verdict.report, verdict.verdict = fresh, fresh["verdict"]
+        db.commit()
+        return ComparisonReport.model_validate(fresh)
+
+
 def run_detail(db: Session, run: Run) -> RunDetail:
     """Everything recorded about a run."""
     base = run_out(db, run).model_dump()
@@ -60,7 +75,7 @@ def run_detail(db: Session, run: Run) -> RunDetail:
         trace_granularity=run.trace_granularity,
         trace=trace_of(db, run.id),
         result_summary=run.result_summary,
-        verdict_report=verdict.report if verdict else None,
+        verdict_report=_report(db, verdict),
         reference_run_id=verdict.reference_run_id if verdict else None,
         checkpoint_epoch=checkpoint[0] if checkpoint else None,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,9 +22,10 @@ from service.cli.output import (
     emit_json,
     err,
 )
+from service.cli.report import print_report
 from service.client import ApiClient, ApiError
 from worker.result import read_result
-from worker.verdict import compare_records, describe
+from worker.verdict import describe
 
 WaitFlag = Annotated[bool, typer.Option("--wait", help="wait until the run finishes")]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
@@ -97,6 +99,12 @@ def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
 def submit(
     spec: Path,
     wait: WaitFlag = False,
+    copies: Annotated[
+        int,
+        typer.Option(
+            min=1, max=16, help="run N copies at once on different workers and check they agree"
+        ),
+    ] = 1,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     timeout: TimeoutOption = None,
@@ -108,7 +116,12 @@ def submit(
     client = api_client(api, token)
     try:
         # A retried submission (lost response) must not create a second experiment.
-        out = client.submit(text, content_type=content_type, idempotency_key=uuid.uuid4().hex)
+        out = client.submit(
+            text,
+            content_type=content_type,
+            idempotency_key=uuid.uuid4().hex,
+            copies=copies if copies > 1 else None,
+        )
     except ApiError as exc:
         raise api_error_exit(exc) from None
     run, experiment = out["run"], out["experiment"]
@@ -116,6 +129,18 @@ def submit(
         f"experiment {experiment['id']}  run {run['id']}  seed {experiment['seed']}  "
         f"{experiment['spec_hash']}"
     )
+    if out.get("audit_id") is not None:
+        if not as_json:
+            typer.echo(f"{line}\naudit {out['audit_id']}: {copies} copies queued")
+        elif not wait:
+            emit_json(out)
+        if not wait:
+            return
+        try:
+            code = _show_audit(client, out["audit_id"], wait=True, as_json=as_json, timeout=timeout)
+        except ApiError as exc:
+            raise api_error_exit(exc) from None
+        raise typer.Exit(code)
     _queued(client, run["id"], out, line, wait=wait, as_json=as_json, timeout=timeout)
 
 
@@ -192,43 +217,131 @@ def status(
     err.print(f"{len(page['items'])} of {page['total']} runs")
 
 
+def _wait_refinement(
+    client: ApiClient, refinement: dict[str, Any], *, quiet: bool, timeout: float | None
+) -> dict[str, Any]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shown: str | None = None
+    while refinement["status"] in ("queued", "running"):
+        line = "; ".join(
+            f"run {r['id']} {r['status']}"
+            + (f" (epoch {r['progress'].get('epoch')})" if r.get("progress") else "")
+            for r in refinement["runs"]
+        )
+        line += "".join(f"; {w}" for w in refinement["waiting"])
+        if not quiet and line != shown:
+            err.print(f"refinement {refinement['id']}: {line}")
+            shown = line
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"refinement {refinement['id']} unfinished after {timeout} s")
+        time.sleep(1.0)
+        refinement = client.refinement(refinement["id"])
+    return refinement
+
+
 def compare(
     a: Annotated[str, typer.Argument(help="run id or result document")],
     b: Annotated[str, typer.Argument(help="run id or result document")],
+    refine: Annotated[
+        bool,
+        typer.Option(
+            "--refine",
+            help="re-run the divergent epoch step by step on each run's worker to find the step",
+        ),
+    ] = False,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Compare two runs (ids) or two result documents (files); exit 0 only if identical."""
+    """Compare two runs (ids) or two result documents (files); exit 0 only if identical.
+
+    Prints where the runs first diverge, which variables differ and by how much, whether
+    the data or the computation diverged, and which environment fields differ.
+    """
     if Path(a).is_file() and Path(b).is_file():
-        report = file_verdict(read_result(Path(a)), read_result(Path(b)))
+        if refine:
+            err.print("[red]--refine needs run ids:[/red] the service re-runs each on its worker")
+            raise typer.Exit(2)
+        report = file_verdict(read_result(Path(a)), read_result(Path(b)), (a, b))
     else:
+        try:
+            ids = int(a), int(b)
+        except ValueError:
+            err.print(f"[red]not a run id or a result file:[/red] {a if not a.isdigit() else b}")
+            raise typer.Exit(2) from None
         client = api_client(api, token)
         try:
-            ra, rb = client.run(int(a)), client.run(int(b))
-        except (ApiError, ValueError) as exc:
-            if isinstance(exc, ApiError):
-                raise api_error_exit(exc) from None
-            err.print(f"[red]not a run id or a result file:[/red] {exc}")
-            raise typer.Exit(2) from None
-        report = compare_records(
-            succeeded=(ra["status"] == "succeeded", rb["status"] == "succeeded"),
-            spec_hashes=(ra["spec_hash"], rb["spec_hash"]),
-            trace_a=ra["trace"],
-            trace_b=rb["trace"],
-            final_a=ra["final_fingerprint"],
-            final_b=rb["final_fingerprint"],
-            data_a={d["epoch"]: d["fingerprint"] for d in ra["data_fingerprints"] or []},
-            data_b={d["epoch"]: d["fingerprint"] for d in rb["data_fingerprints"] or []},
-        )
+            report = client.compare(*ids)
+            if refine and report["verdict"] == "diverged":
+                if not as_json:
+                    print_report(report)
+                    typer.echo("")
+                refinement = _wait_refinement(
+                    client, client.refine(*ids), quiet=as_json, timeout=timeout
+                )
+                if as_json:
+                    emit_json({"comparison": report, "refinement": refinement})
+                elif refinement["status"] == "failed":
+                    errors = [r["error"] for r in refinement["runs"] if r.get("error")]
+                    err.print(f"[red]refinement {refinement['id']} failed:[/red] {errors}")
+                else:
+                    typer.echo(f"refined (re-trace of epoch {refinement['epoch']}):")
+                    print_report(refinement["report"])
+                raise typer.Exit(0 if report["verdict"] == "identical" else 1)
+        except ApiError as exc:
+            raise api_error_exit(exc) from None
     if as_json:
         emit_json(report)
     else:
-        typer.echo(describe(report))
+        print_report(report)
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
+
+
+def audit(
+    audit_id: Annotated[int, typer.Argument(help="the audit id (its first run's id)")],
+    wait: WaitFlag = False,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    timeout: TimeoutOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show a reproducibility audit (submit --copies N); exit 0 only if all copies agree."""
+    client = api_client(api, token)
+    try:
+        raise typer.Exit(_show_audit(client, audit_id, wait=wait, as_json=as_json, timeout=timeout))
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+
+
+def _show_audit(
+    client: ApiClient, audit_id: int, *, wait: bool, as_json: bool, timeout: float | None
+) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shown: str | None = None
+    while True:
+        doc = client.reproducibility_audit(audit_id)
+        if doc["finished"] or not wait:
+            break
+        if not as_json and doc["summary"] != shown:
+            err.print(f"audit {audit_id}: {doc['summary']}")
+            shown = doc["summary"]
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"audit {audit_id} unfinished after {timeout} s")
+        time.sleep(1.0)
+    if as_json:
+        emit_json(doc)
+    else:
+        for copy in doc["copies"]:
+            typer.echo(
+                f"run {copy['id']:<6} {copy['status']:<10} worker {copy['worker'] or '-':<20} "
+                f"{copy['final_fingerprint'] or ''}"
+            )
+        typer.echo(f"audit {audit_id}: {doc['summary']}")
+    return 0 if doc["agree"] else 1
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    for command in (submit, rerun, status, compare):
+    for command in (submit, rerun, status, compare, audit):
         app.command()(command)

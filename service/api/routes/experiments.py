@@ -14,7 +14,7 @@ from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.errors import BodyTooLarge, UnsupportedMediaType
 from service.models import Experiment
-from service.schemas import ExperimentOut, Page, SubmitOut
+from service.schemas import MAX_AUDIT_COPIES, ExperimentOut, Page, SubmitOut
 
 router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=JsonRoute)
 
@@ -63,8 +63,20 @@ def submit(
     principal: SubmitAccess,
     body: Annotated[bytes, Depends(_spec_body)],
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    copies: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=MAX_AUDIT_COPIES,
+            description="run this many copies at once on different workers (an audit)",
+        ),
+    ] = 1,
 ) -> SubmitOut:
-    """Validate a spec (JSON or YAML), store it with its resolved seed, queue its first run."""
+    """Validate a spec (JSON or YAML), store it with its resolved seed, queue its first run.
+
+    With `copies` > 1, queue that many runs at once as a reproducibility audit: they go to
+    different workers, and `GET /repro-audits/{audit_id}` says whether all agree bitwise.
+    """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in _FORMATS:
         raise UnsupportedMediaType(f"send the spec as JSON or YAML, not {content_type!r}")
@@ -73,12 +85,17 @@ def submit(
         db=db,
         spec=spec,
         idempotency_key=idempotency_key,
-        request_hash=svc.body_hash(body, content_type) if idempotency_key else None,
+        request_hash=svc.body_hash(body, content_type, copies) if idempotency_key else None,
         actor=principal,
+        copies=copies,
     )
     if not created:
         response.status_code = 200
-    return SubmitOut(experiment=ExperimentOut.model_validate(experiment), run=run_out(db, run))
+    return SubmitOut(
+        experiment=ExperimentOut.model_validate(experiment),
+        run=run_out(db, run),
+        audit_id=run.audit_id,
+    )
 
 
 @router.get("", response_model=Page[ExperimentOut], responses=errors(422))

@@ -23,7 +23,8 @@ from service.schemas import MAX_ID, Page, RunDetail, RunOut
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-VerdictName = Literal["identical", "diverged", "reference", "none"]
+VerdictName = Literal["identical", "diverged", "incomparable", "reference", "none"]
+Kind = Literal["train", "refine"]
 assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 
 
@@ -34,21 +35,29 @@ def list_runs(
     status: Status | None = None,
     experiment_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     verdict: VerdictName | None = None,
+    kind: Kind = "train",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
 ) -> Page[RunOut]:
-    """Runs, newest first, filtered by status, experiment and verdict."""
-    query = select(Run)
+    """Runs, newest first, filtered by status, experiment and verdict.
+
+    Trainings by default; `kind=refine` lists the re-traces made by `POST /compare/refine`.
+    """
+    query = select(Run).where(Run.kind == kind)
     if status is not None:
         query = query.where(Run.status == status)
     if experiment_id is not None:
         query = query.where(Run.experiment_id == experiment_id)
-    if verdict in ("identical", "diverged"):
+    if verdict in ("identical", "diverged", "incomparable"):
         query = query.join(Verdict, Verdict.run_id == Run.id).where(Verdict.verdict == verdict)
     elif verdict == "none":
         query = query.outerjoin(Verdict, Verdict.run_id == Run.id).where(Verdict.id.is_(None))
     elif verdict == "reference":
-        firsts = select(func.min(Run.id)).where(Run.status == "succeeded").group_by(Run.family_id)
+        firsts = (
+            select(func.min(Run.id))
+            .where(Run.status == "succeeded", Run.kind == "train")
+            .group_by(Run.family_id)
+        )
         query = query.where(Run.id.in_(firsts))
     total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()

@@ -12,6 +12,7 @@ from service.api.deps import AnyRole, IdPath, SessionDep, SettingsDep, WorkAcces
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
+from service.errors import Forbidden
 from service.schemas import (
     MAX_ID,
     ArtifactOut,
@@ -72,7 +73,8 @@ def claim(
     run = queue.claim(db=db, settings=settings, worker_id=worker_id)
     if run is None:
         return Response(status_code=204)
-    checkpoint = queue.latest_checkpoint(db, run.id)
+    checkpoint = queue.resume_point(db, run)
+    options = run.job_options or {}
     assert run.lease_expires_at is not None
     return ClaimOut(
         run=ClaimedRun(
@@ -93,6 +95,7 @@ def claim(
             ],
         ),
         limits={"max_model_parameters": settings.max_model_parameters},
+        job={k: int(options[k]) for k in ("trace_every_steps", "until_epoch") if k in options},
     )
 
 
@@ -191,7 +194,8 @@ def download_artifact(artifact_id: IdPath, db: SessionDep, principal: AnyRole) -
     """The bytes of an artifact (a worker only gets those of runs it holds)."""
     art = artifacts.get_artifact(db, artifact_id)
     if principal.role == "worker":
-        queue.check_holds(db, art.run_id, principal)
+        if not queue.may_read_artifact(db, art, principal):
+            raise Forbidden(f"this worker does not hold run {art.run_id} or a re-trace of it")
     else:
         principal.require("read")
     return FileResponse(

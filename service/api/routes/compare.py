@@ -1,0 +1,51 @@
+"""Comparing two runs, refining a divergence step by step, and reproducibility audits."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from service import comparisons
+from service.api.deps import IdPath, ReadAccess, SessionDep, SubmitAccess
+from service.api.responses import errors
+from service.api.routing import JsonRoute
+from service.schemas import MAX_ID, ComparisonReport, RefineIn, RefinementOut, ReproAuditOut
+
+router = APIRouter(tags=["compare"], route_class=JsonRoute)
+
+RunId = Annotated[int, Query(ge=1, le=MAX_ID, description="a run id")]
+
+
+@router.get("/compare", response_model=ComparisonReport, responses=errors(404, 422))
+def compare(a: RunId, b: RunId, db: SessionDep, _: ReadAccess) -> ComparisonReport:
+    """Run b against run a: identical, or where, in which variables, by how much and why."""
+    return ComparisonReport.model_validate(comparisons.compare_ids(db, a, b))
+
+
+@router.post(
+    "/compare/refine",
+    status_code=202,
+    response_model=RefinementOut,
+    responses=errors(404, 409, 422),
+)
+def refine(body: RefineIn, db: SessionDep, principal: SubmitAccess) -> RefinementOut:
+    """Re-run the divergent epoch of two diverged runs step by step, each on its own worker,
+    from their last identical checkpoint, to find the first divergent step."""
+    found = comparisons.create_refinement(db=db, a_id=body.a, b_id=body.b, actor=principal)
+    return RefinementOut.model_validate(comparisons.refinement_view(db, found))
+
+
+@router.get(
+    "/compare/refine/{refinement_id}", response_model=RefinementOut, responses=errors(404, 422)
+)
+def refinement(refinement_id: IdPath, db: SessionDep, _: ReadAccess) -> RefinementOut:
+    """A refinement's re-traces and, once both finished, the step-level report."""
+    found = comparisons.get_refinement(db, refinement_id)
+    return RefinementOut.model_validate(comparisons.refinement_view(db, found))
+
+
+@router.get("/repro-audits/{audit_id}", response_model=ReproAuditOut, responses=errors(404, 422))
+def repro_audit(audit_id: IdPath, db: SessionDep, _: ReadAccess) -> ReproAuditOut:
+    """A reproducibility audit (submitted with `?copies=N`): its copies and whether all agree."""
+    return ReproAuditOut.model_validate(comparisons.audit_view(db, audit_id))
