@@ -351,8 +351,16 @@ def diff_provenance(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str
     one side has None there. The capture time is not compared.
     """
     flat_a, flat_b = flatten_provenance(a), flatten_provenance(b)
+    fields = set(flat_a) | set(flat_b)
+    # An empty section on one side ({"environment": {}}) is already told by its fields.
+    covered = {
+        f
+        for f in fields
+        if (flat_a.get(f) in ({}, []) or flat_b.get(f) in ({}, []))
+        and any(other.startswith(f + ".") for other in fields)
+    }
     entries = []
-    for field in sorted(set(flat_a) | set(flat_b)):
+    for field in sorted(fields - covered):
         if field in _IGNORED or flat_a.get(field) == flat_b.get(field):
             continue
         breaking, why = _classify(field)

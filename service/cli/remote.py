@@ -298,7 +298,7 @@ def compare(
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
 
 
-def audit(
+def audit_copies(
     audit_id: Annotated[int, typer.Argument(help="the audit id (its first run's id)")],
     wait: WaitFlag = False,
     api: ApiOption = DEFAULT_API,
@@ -343,5 +343,5 @@ def _show_audit(
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    for command in (submit, rerun, status, compare, audit):
+    for command in (submit, rerun, status, compare, audit_copies):
         app.command()(command)

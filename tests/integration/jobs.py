@@ -44,15 +44,16 @@ def run_job(
     workdir: Path,
     *args: str,
     extra_paths: list[Path] | None = None,
+    env: dict[str, str] | None = None,
     timeout: float = 300,
 ) -> Finished:
-    """Run `python -m worker.run` to completion in a fresh process."""
+    """Run `python -m worker.run` to completion in a fresh process (with `env` added)."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = spec if isinstance(spec, Path) else write_spec(spec, workdir)
     out = workdir / "result.json"
     proc = subprocess.run(
         [sys.executable, "-m", "worker.run", "--spec", str(spec_path), "--out", str(out), *args],
-        env=job_env(extra_paths),
+        env={**job_env(extra_paths), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

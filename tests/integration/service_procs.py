@@ -125,17 +125,29 @@ class Service:
             time.sleep(0.25)
         raise TimeoutError(f"run {run_id} still {run['status']}: {self.log.read_text()[-3000:]}")
 
-    def worker(self, work_dir: Path) -> WorkerProc:
-        """A worker agent process with its own worker token."""
+    def worker(self, work_dir: Path, env: dict[str, str] | None = None) -> WorkerProc:
+        """A worker agent process with its own worker token, named after its directory."""
         return WorkerProc(
-            self.url, work_dir, token=self.token("worker", work_dir.name), name=work_dir.name
+            self.url,
+            work_dir,
+            token=self.token("worker", work_dir.name),
+            name=work_dir.name,
+            env=env,
         )
 
 
 class WorkerProc:
     """`repro worker` in its own process."""
 
-    def __init__(self, api: str, work_dir: Path, *, token: str, name: str = "w") -> None:
+    def __init__(
+        self,
+        api: str,
+        work_dir: Path,
+        *,
+        token: str,
+        name: str = "w",
+        env: dict[str, str] | None = None,
+    ) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         self.log = work_dir / "agent.log"
         self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
@@ -153,7 +165,7 @@ class WorkerProc:
                 "--poll",
                 "0.2",
             ),
-            env=job_env(),
+            env={**job_env(), **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,

@@ -27,7 +27,7 @@ def compare(a: RunId, b: RunId, db: SessionDep, _: ReadAccess) -> ComparisonRepo
     "/compare/refine",
     status_code=202,
     response_model=RefinementOut,
-    responses=errors(404, 409, 422),
+    responses=errors(400, 404, 409, 413, 422),
 )
 def refine(body: RefineIn, db: SessionDep, principal: SubmitAccess) -> RefinementOut:
     """Re-run the divergent epoch of two diverged runs step by step, each on its own worker,
