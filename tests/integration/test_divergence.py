@@ -135,13 +135,23 @@ def _wait(svc: Service, path: str, done: Any, timeout: float = 300) -> dict[str,
     raise TimeoutError(f"{path}: {doc}\n{svc.log.read_text()[-3000:]}")
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str | None:
+    if request.param == "sqlite":
+        return None  # the embedded default
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
 def test_service_diagnoses_refines_to_the_step_and_audits(
-    tmp_path: Path, plugin_paths: list[Path]
+    tmp_path: Path, plugin_paths: list[Path], database_url: str | None
 ) -> None:
     paths = {"PYTHONPATH": job_env(plugin_paths)["PYTHONPATH"]}
     # A short lease: a stopped worker stops counting as live (for spreading audit copies) soon.
     leases = {"REPRO_LEASE_SECONDS": "6", "REPRO_HEARTBEAT_SECONDS": "2"}
-    service = Service(tmp_path / "data", extra=("--no-demo",), env={**paths, **leases})
+    service = Service(
+        tmp_path / "data", database_url=database_url, extra=("--no-demo",), env={**paths, **leases}
+    )
     flaky_env = {**paths, PERTURB: f"{TARGET}@step:6"}  # step 6 is in epoch 2 (4 steps each)
     with running(service) as (svc, workers):
         steady = svc.worker(tmp_path / "steady", env=paths)
