@@ -8,8 +8,11 @@ processes so that the client's Python does not compete with the server's for one
 Prints requests, throughput, error rate and latency percentiles per kind of request; exits
 1 if any request failed (a non-2xx status or a transport error). Cleans up after itself.
 
-    .venv/bin/python benchmarks/load_api.py
-    ... benchmarks/load_api.py --database sqlite --duration 60 --json /tmp/load.json
+    .venv/bin/python -m benchmarks.load_api
+    ... -m benchmarks.load_api --database sqlite --duration 60 --json load.json
+
+The same load processes serve `python -m benchmarks` (section 5), one kind of request at a
+time; `Plan.kinds` says which.
 """
 
 from __future__ import annotations
@@ -21,29 +24,33 @@ import os
 import platform
 import random
 import re
-import signal
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: the tests' helpers live in the checkout
-    sys.path.insert(0, str(REPO))
+from benchmarks.servers import api_server, stop_on_sigterm
 
-SPEC = (REPO / "examples" / "seed001.yaml").read_text()
+REPO = Path(__file__).resolve().parents[1]
 READ_SHARE = 0.7
 KINDS = ("list_runs", "get_run", "get_experiment", "submit")
 WEIGHTS = (READ_SHARE / 3, READ_SHARE / 3, READ_SHARE / 3, 1 - READ_SHARE)
+# What each kind of request is, for tables.
+REQUESTS = {
+    "healthz": "GET /healthz",
+    "list_runs": "GET /runs?limit=50",
+    "get_run": "GET /runs/{id}",
+    "get_experiment": "GET /experiments/{id}",
+    "submit": "POST /experiments",
+}
 TRANSPORT_ERROR = 0  # the status recorded when no HTTP answer came back
 REQUEST_TIMEOUT = 30.0
 # A runaway bound only: no thread gets near this in the longest allowed duration.
@@ -52,8 +59,13 @@ MAX_DURATION = 3600.0
 ERROR_SAMPLES = 5
 
 
+@cache
+def _spec_text() -> str:
+    return (REPO / "examples" / "seed001.yaml").read_text()
+
+
 def spec_named(name: str) -> str:
-    body, replaced = re.subn(r"(?m)^name: .*$", f"name: {name}", SPEC)
+    body, replaced = re.subn(r"(?m)^name: .*$", f"name: {name}", _spec_text())
     if replaced != 1:
         raise RuntimeError("examples/seed001.yaml has no top-level name line")
     return body
@@ -74,11 +86,13 @@ class Plan:
     duration: float
     seed: int
     process_index: int
+    kinds: tuple[str, ...] = KINDS
+    weights: tuple[float, ...] = WEIGHTS
 
 
 @dataclass
 class Outcome:
-    """What one load process measured: (kind index, status, seconds) per request."""
+    """What one load process measured: (index into Plan.kinds, status, seconds) per request."""
 
     records: list[tuple[int, int, float]]
     elapsed: float
@@ -88,6 +102,8 @@ class Outcome:
 def _one_request(
     client: httpx.Client, plan: Plan, kind: str, rng: random.Random, name: str
 ) -> httpx.Response:
+    if kind == "healthz":
+        return client.get("/healthz")
     if kind == "list_runs":
         return client.get("/api/v1/runs", params={"limit": 50})
     if kind == "get_run":
@@ -116,18 +132,19 @@ def _client_thread(
         for n in range(MAX_REQUESTS_PER_THREAD):
             if time.perf_counter() >= deadline:
                 break
-            kind_index = rng.choices(range(len(KINDS)), weights=WEIGHTS)[0]
-            name = f"load-{plan.process_index}-{thread_index}-{n}"
+            kind_index = rng.choices(range(len(plan.kinds)), weights=plan.weights)[0]
+            kind = plan.kinds[kind_index]
+            name = f"load-{plan.seed}-{plan.process_index}-{thread_index}-{n}"
             began = time.perf_counter()
             try:
-                response = _one_request(client, plan, KINDS[kind_index], rng, name)
+                response = _one_request(client, plan, kind, rng, name)
                 status = response.status_code
                 if not 200 <= status < 300 and len(errors) < ERROR_SAMPLES:
-                    errors.append(f"{KINDS[kind_index]}: {status} {response.text[:300]}")
+                    errors.append(f"{kind}: {status} {response.text[:300]}")
             except httpx.TransportError as exc:
                 status = TRANSPORT_ERROR
                 if len(errors) < ERROR_SAMPLES:
-                    errors.append(f"{KINDS[kind_index]}: {type(exc).__name__}: {exc}")
+                    errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             mine.append((kind_index, status, time.perf_counter() - began))
     records.extend(mine)  # list.extend is atomic under the GIL
     ended.append(time.perf_counter())
@@ -158,23 +175,7 @@ def load_process(plan: Plan, start: Any, results: Any) -> None:
     results.put(Outcome(records=records, elapsed=elapsed, error_samples=errors))
 
 
-# -- the servers ------------------------------------------------------------------------------
-
-
-@contextmanager
-def api_server(database: str, workdir: Path) -> Iterator[Any]:
-    """A ready `repro serve --no-demo` on a fresh database, stopped (with PostgreSQL) after."""
-    from tests.integration.service_procs import Service
-    from tests.postgres import PostgresServer
-
-    with ExitStack() as stack:
-        database_url = None
-        if database == "postgresql":
-            postgres = stack.enter_context(PostgresServer())
-            database_url = postgres.create_database("load_api")
-        service = Service(workdir / "data", database_url=database_url, extra=("--no-demo",))
-        stack.callback(service.stop)
-        yield service.wait_ready()
+# -- the server's side ----------------------------------------------------------------------
 
 
 def seed(service: Any, count: int) -> tuple[list[int], list[int]]:
@@ -255,17 +256,14 @@ def table(rows: list[Figures]) -> str:
 # -- main -----------------------------------------------------------------------------------
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    # Unwinds like Ctrl-C, so the servers and load processes are cleaned up on SIGTERM too.
-    raise KeyboardInterrupt
-
-
-def run_load(service: Any, plans: list[Plan], timeout: float) -> list[Outcome]:
-    """Run the load processes to the end; their outcomes."""
+def run_load(
+    plans: Sequence[Any], timeout: float, target: Callable[[Any, Any, Any], None] = load_process
+) -> list[Any]:
+    """Run one load process per plan to the end (all start together); their outcomes."""
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding server handles
     start = ctx.Barrier(len(plans) + 1)
     results = ctx.Queue()
-    procs = [ctx.Process(target=load_process, args=(p, start, results), daemon=True) for p in plans]
+    procs = [ctx.Process(target=target, args=(p, start, results), daemon=True) for p in plans]
     try:
         for proc in procs:
             proc.start()
@@ -309,17 +307,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def split_threads(concurrency: int, processes: int) -> list[int]:
+    """Threads per process: the concurrency split as evenly as it goes."""
+    return [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    # Threads per process: the concurrency split as evenly as it goes.
-    split = [
-        args.concurrency // args.processes + (i < args.concurrency % args.processes)
-        for i in range(args.processes)
-    ]
+    stop_on_sigterm()
+    split = split_threads(args.concurrency, args.processes)
     with tempfile.TemporaryDirectory(prefix="reprotrain-load-") as tmp:
         began = time.monotonic()
-        with api_server(args.database, Path(tmp)) as service:
+        with api_server(args.database, Path(tmp)) as server:
+            service = server.service
             print(
                 f"{args.database}: server up in {time.monotonic() - began:.1f} s; seeding "
                 f"{args.seed_experiments} experiments…",
@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             cpu_before = cpu_seconds(service.proc.pid)
-            outcomes = run_load(service, plans, timeout=args.duration + REQUEST_TIMEOUT + 120)
+            outcomes = run_load(plans, timeout=args.duration + REQUEST_TIMEOUT + 120)
             cpu_after = cpu_seconds(service.proc.pid)
             log_tail = service.log.read_text(errors="replace")[-3000:]
 

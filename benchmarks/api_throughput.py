@@ -1,0 +1,275 @@
+"""Section 5, the API under load: throughput and latency per endpoint, and queue claims.
+
+For each database (SQLite, and a private PostgreSQL server), a fresh `repro serve` gets
+10,000 runs, then one endpoint at a time is loaded by a closed loop of 16 requests in
+flight from two separate processes on 127.0.0.1 (the load processes of load_api.py), for
+a fixed time. Each endpoint's rate is shown against `GET /healthz` on the same server at
+the same concurrency: the floor of the HTTP stack, auth excluded.
+
+Claims: on PostgreSQL, worker threads (in separate processes, each with its own worker
+token) register through the API and then claim and complete runs from a pre-filled queue
+as fast as they can, with 8 workers against the same loop with 1.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from benchmarks.fill import fill_runs
+from benchmarks.load_api import (
+    REQUEST_TIMEOUT,
+    REQUESTS,
+    Plan,
+    figures,
+    percentile,
+    run_load,
+    split_threads,
+)
+from benchmarks.rounds import progress
+from benchmarks.rows import Row
+from benchmarks.servers import DATABASE_NAMES, DATABASES, Server, api_server
+
+RUNS = 10_000
+CONCURRENCY = 16
+PROCESSES = 2
+ENDPOINTS = ("get_run", "list_runs", "submit")
+CLAIM_WORKERS = (1, 8)
+CLAIM_QUEUE = 4000  # queued runs for the claim loops; more than they get through
+MAX_CLAIMS_PER_THREAD = 2000
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds_per_load: float
+    runs: int
+
+
+FULL = Budget(seconds_per_load=6.0, runs=RUNS)
+QUICK = Budget(seconds_per_load=1.5, runs=500)
+
+
+# -- claims (the load process side) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    url: str
+    tokens: tuple[str, ...]  # one worker token per thread: one worker each
+    duration: float
+    process_index: int
+
+
+@dataclass
+class ClaimOutcome:
+    claim_seconds: list[float] = field(default_factory=list)  # claims that returned a run
+    empty: int = 0  # claims that found the queue empty
+    errors: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+def _result(run_id: int) -> dict[str, Any]:
+    """A small but complete job result, as a worker reports it."""
+    fingerprint = f"blake3:{run_id:064x}"
+    return {
+        "status": "succeeded",
+        "final_fingerprint": fingerprint,
+        "trace_granularity": "epoch",
+        "trace": [
+            {"kind": "init", "epoch": 0, "step": 0, "fingerprint": fingerprint, "variables": {}}
+        ],
+        "timings": {"training": 0.0},
+    }
+
+
+def _claim_thread(plan: ClaimPlan, token: str, deadline: float, out: ClaimOutcome) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=plan.url, headers=headers, timeout=REQUEST_TIMEOUT) as client:
+        try:
+            registered = client.post(
+                "/api/v1/workers/register", json={"name": f"bench-{plan.process_index}"}
+            )
+            registered.raise_for_status()
+            worker_id = registered.json()["id"]
+            for _ in range(MAX_CLAIMS_PER_THREAD):
+                if time.perf_counter() >= deadline:
+                    break
+                began = time.perf_counter()
+                claimed = client.post(f"/api/v1/workers/{worker_id}/claim")
+                seconds = time.perf_counter() - began
+                if claimed.status_code == 204:
+                    out.empty += 1
+                    break
+                claimed.raise_for_status()
+                out.claim_seconds.append(seconds)
+                run_id = claimed.json()["run"]["id"]
+                client.post(
+                    f"/api/v1/runs/{run_id}/complete",
+                    json={"worker_id": worker_id, "result": _result(run_id)},
+                ).raise_for_status()
+        except httpx.HTTPStatusError as exc:
+            out.errors.append(f"{exc.request.url.path}: {exc.response.text[:300]}")
+        except httpx.HTTPError as exc:
+            out.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+
+def claim_process(plan: ClaimPlan, start: Any, results: Any) -> None:
+    """Entry point of a claim load process: one thread per token, all started together."""
+    mine = [ClaimOutcome() for _ in plan.tokens]
+    start.wait(timeout=120)
+    began = time.perf_counter()
+    deadline = began + plan.duration
+    threads = [
+        threading.Thread(target=_claim_thread, args=(plan, token, deadline, out), daemon=True)
+        for token, out in zip(plan.tokens, mine, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=plan.duration + REQUEST_TIMEOUT + 30)
+    results.put(
+        ClaimOutcome(
+            claim_seconds=[s for out in mine for s in out.claim_seconds],
+            empty=sum(out.empty for out in mine),
+            errors=[e for out in mine for e in out.errors],
+            elapsed=time.perf_counter() - began,
+        )
+    )
+
+
+# -- the sections (the orchestrating side) -------------------------------------------------
+
+
+def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) -> Any:
+    plans = [
+        Plan(
+            **plan_base,
+            threads=threads,
+            duration=seconds,
+            process_index=i,
+            kinds=(kind,),
+            weights=(1.0,),
+        )
+        for i, threads in enumerate(split_threads(CONCURRENCY, PROCESSES))
+    ]
+    outcomes = run_load(plans, timeout=seconds + REQUEST_TIMEOUT + 120)
+    elapsed = max(o.elapsed for o in outcomes)
+    records = [r for o in outcomes for r in o.records]
+    result = figures(kind, records, elapsed)
+    errors = [e for o in outcomes for e in o.error_samples]
+    if result.errors:
+        progress(f"  {kind}: {result.errors} failed requests, e.g. {errors[:2]}")
+    return result
+
+
+def _claims(server: Server, workers: int, seconds: float) -> tuple[float, list[float], int]:
+    """(claims per second, sorted claim latencies in ms, errors) of `workers` claim loops."""
+    tokens = [server.token("worker", f"bench-claims-{workers}-{i}") for i in range(workers)]
+    processes = min(PROCESSES, workers)
+    plans = []
+    first = 0
+    for i, threads in enumerate(split_threads(workers, processes)):
+        plans.append(ClaimPlan(server.url, tuple(tokens[first : first + threads]), seconds, i))
+        first += threads
+    outcomes = run_load(plans, timeout=seconds + REQUEST_TIMEOUT + 120, target=claim_process)
+    elapsed = max(o.elapsed for o in outcomes)
+    latencies = sorted(s * 1000 for o in outcomes for s in o.claim_seconds)
+    errors = [e for o in outcomes for e in o.errors]
+    if errors:
+        progress(f"  claims: {len(errors)} worker threads failed, e.g. {errors[:2]}")
+    if any(o.empty for o in outcomes):
+        progress("  claims: the queue ran dry; the rate is a lower bound")
+    return len(latencies) / elapsed, latencies, len(errors)
+
+
+def _run_ids(server: Server) -> tuple[list[int], list[int]]:
+    from sqlalchemy import create_engine, select
+
+    from service.models import Run
+
+    engine = create_engine(server.database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(Run.id, Run.experiment_id).order_by(Run.id)).all()
+    finally:
+        engine.dispose()
+    return [r[0] for r in rows], sorted({r[1] for r in rows})
+
+
+def measure_database(database: str, budget: Budget) -> list[Row]:
+    name = DATABASE_NAMES[database]
+    rows: list[Row] = []
+    with api_server(database) as server:
+        progress(f"api, {name}: filling {budget.runs:,} runs")
+        fill_runs(server.database_url, budget.runs)
+        run_ids, experiment_ids = _run_ids(server)
+        plan_base = {
+            "url": server.url,
+            "token": server.token("submitter", "bench-load"),
+            "run_ids": tuple(run_ids),
+            "experiment_ids": tuple(experiment_ids),
+            "seed": 20240611,
+        }
+        progress(f"api, {name}: {CONCURRENCY} in flight, {budget.seconds_per_load:.0f} s each")
+        floor = _load(server, "healthz", plan_base, budget.seconds_per_load)
+        for kind in ENDPOINTS:
+            got = _load(server, kind, plan_base, budget.seconds_per_load)
+            what = REQUESTS[kind] + (f" of {budget.runs:,}" if kind == "list_runs" else "")
+            failed = f", {got.errors} FAILED" if got.errors else ""
+            rows.append(
+                Row(
+                    section="api",
+                    benchmark="API requests/s vs GET /healthz",
+                    configuration=f"{what}, {name}, {CONCURRENCY} in flight: "
+                    f"p50 {got.p50_ms:.0f} ms, p99 {got.p99_ms:.0f} ms{failed}",
+                    unit="req/s",
+                    measured=got.rps,
+                    baseline=floor.rps,
+                    ratio=got.rps / floor.rps,
+                    params={
+                        "database": database,
+                        "kind": kind,
+                        "p50_ms": got.p50_ms,
+                        "p99_ms": got.p99_ms,
+                        "errors": got.errors,
+                        "requests": got.requests,
+                        "baseline_p50_ms": floor.p50_ms,
+                        "baseline_p99_ms": floor.p99_ms,
+                    },
+                )
+            )
+        if database == "postgresql":
+            fill_runs(server.database_url, CLAIM_QUEUE, queued=CLAIM_QUEUE)
+            rates = {}
+            for workers in CLAIM_WORKERS:
+                progress(f"api, {name}: claim and complete with {workers} worker(s)")
+                rates[workers] = _claims(server, workers, budget.seconds_per_load)
+            (one, _, _), (many, latencies, errors) = rates[1], rates[CLAIM_WORKERS[-1]]
+            p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+            rows.append(
+                Row(
+                    section="api",
+                    benchmark="claims/s, 8 workers vs 1",
+                    configuration=f"{name}, claim then complete: claim p50 {p50:.0f} ms, "
+                    f"p99 {p99:.0f} ms" + (f", {errors} workers FAILED" if errors else ""),
+                    unit="claims/s",
+                    measured=many,
+                    baseline=one,
+                    ratio=many / one if one else None,
+                    params={"database": database, "p50_ms": p50, "p99_ms": p99},
+                )
+            )
+    return rows
+
+
+def measure(quick: bool, databases: Sequence[str] = DATABASES) -> list[Row]:
+    budget = QUICK if quick else FULL
+    rows: list[Row] = []
+    for database in databases:
+        rows += measure_database(database, budget)
+    return rows

@@ -1,0 +1,99 @@
+"""Real API servers for the service benchmarks, on SQLite or a private PostgreSQL server.
+
+Everything listens on 127.0.0.1 only and is stopped, and its directory deleted, when the
+`with` block ends, also on Ctrl-C or SIGTERM (see `stop_on_sigterm`).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the tests' server helpers live in the checkout
+    sys.path.insert(0, str(REPO))
+
+DATABASES = ("sqlite", "postgresql")
+DATABASE_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so every `with` block cleans up after itself."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+@dataclass
+class Server:
+    service: Any  # tests.integration.service_procs.Service, ready, with the admin token
+    database: str  # "sqlite" or "postgresql"
+    database_url: str  # for filling the database directly
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return str(self.service.url)
+
+    def token(self, role: str, name: str = "bench") -> str:
+        return str(self.service.token(role, name))
+
+
+@contextmanager
+def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
+    """A ready `repro serve --no-demo` on a fresh, migrated database."""
+    from tests.integration.service_procs import Service
+    from tests.postgres import PostgresServer
+
+    with ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-api-")))
+        if database == "postgresql":
+            postgres = stack.enter_context(PostgresServer())
+            database_url = postgres.create_database("bench")
+        elif database == "sqlite":
+            database_url = f"sqlite:///{workdir / 'bench.db'}"
+        else:
+            raise ValueError(f"unknown database {database!r}; known: {', '.join(DATABASES)}")
+        service = Service(workdir / "data", database_url=database_url, extra=("--no-demo",))
+        stack.callback(service.stop)
+        service.wait_ready()
+        yield Server(service, database, database_url, workdir)
+
+
+@contextmanager
+def worker_agent(server: Server, work_dir: Path, name: str = "bench") -> Iterator[Any]:
+    """`repro worker` with its default poll interval, as an operator starts it."""
+    from tests.integration.jobs import job_env
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "agent.log", "w") as log:
+        token = server.token("worker", name)
+        args = ["worker", "--api", server.url, "--token", token, "--name", name]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *args, "--work-dir", str(work_dir)],
+            env=job_env(),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
