@@ -205,6 +205,34 @@ def measure(repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+def table_rows(quick: bool) -> list[Any]:
+    """The two timed comparison cases as rows of the benchmark command's table.
+
+    The baseline is `GET /runs/{id}` of the same run, timed in the same run; the target
+    itself is absolute (under 50 ms on the server).
+    """
+    from benchmarks.rows import Row
+
+    measured = measure(10 if quick else 50)
+    baseline = measured[-1]["median_ms"]
+    return [
+        Row(
+            section="compare",
+            benchmark="comparison report vs GET /runs/{id}",
+            configuration=f"{r['case']}: 2 runs x {EPOCHS + 1} points x {VARIABLES} variables, "
+            f"{DIVERGING} diverged (median of {10 if quick else 50})",
+            unit="ms",
+            measured=r["median_ms"],
+            baseline=baseline,
+            ratio=round(r["median_ms"] / baseline, 2),
+            target=f"< {TARGET_MS:.0f} ms",
+            met=bool(r["met"]),
+        )
+        for r in measured
+        if r["target_ms"] is not None
+    ]
+
+
 def render(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of the rows."""
     lines = [
