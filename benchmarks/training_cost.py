@@ -64,7 +64,7 @@ def specs(quick: bool) -> dict[str, dict[str, Any]]:
 
     `quick` trains the MLP only, for a few steps: a smoke run.
     """
-    epochs, scale = (2, 0.2) if quick else (5, 1.0)
+    epochs, scale = (2, 0.2) if quick else (4, 1.0)
 
     def n(batches: int) -> int:
         return max(2, round(batches * scale))
