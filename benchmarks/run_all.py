@@ -102,6 +102,13 @@ def _scaling(quick: bool) -> list[Row]:
     return scaling.measure(quick)
 
 
+def _compare(quick: bool) -> list[Row]:
+    from benchmarks import bench_compare
+
+    rows: list[Row] = bench_compare.table_rows(quick)
+    return rows
+
+
 @dataclass(frozen=True)
 class Section:
     title: str
@@ -115,9 +122,19 @@ SECTIONS = {
     "service": Section("4. service overhead", _service),
     "api": Section("5. API throughput and claims", _api),
     "scaling": Section("6. scaling with 1k, 10k, 100k runs", _scaling),
+    "compare": Section("the comparison report's server time", _compare),
 }
 # The table's order: the numbering (3b comes from the training runs).
-ROW_ORDER = ("pipeline", "determinism", "fingerprint", "trace", "service", "api", "scaling")
+ROW_ORDER = (
+    "pipeline",
+    "determinism",
+    "fingerprint",
+    "trace",
+    "service",
+    "api",
+    "scaling",
+    "compare",
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
