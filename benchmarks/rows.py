@@ -62,7 +62,9 @@ def _met(row: Row) -> str:
 
 
 def cells(row: Row) -> list[str]:
-    ratio = "-" if row.ratio is None else f"{row.ratio:.{2 if row.ratio >= 0.1 else 3}f}"
+    # Three decimals below 0.1, and for a missed target, so that 0.896 never shows as 0.90.
+    digits = 3 if row.ratio is not None and (row.ratio < 0.1 or row.met is False) else 2
+    ratio = "-" if row.ratio is None else f"{row.ratio:.{digits}f}"
     ratio += "*" if row.noisy else ""
     return [
         row.benchmark,
