@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.jobs import REPO, blobs_spec, run_job
+from tests.integration.jobs import REPO, blobs_spec, job_env, run_job
 from tests.integration.service_procs import Service, running
 
 pytestmark = pytest.mark.slow
@@ -302,7 +302,7 @@ def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path:
             second.stop()
     assert done["status"] == "succeeded"
     assert done["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
-    reference = run_job(spec, tmp_path / "reference")
+    reference = run_job(spec, tmp_path / "reference", extra_paths=plugins)
     assert done["final_fingerprint"] == reference.result.final_fingerprint
 
 
@@ -328,15 +328,25 @@ def test_a_pinned_image_is_claimed_only_by_a_worker_that_has_it(api: Service) ->
 
 
 def test_worker_killed_three_times_mid_epoch_still_ends_identical(tmp_path: Path) -> None:
-    spec = blobs_spec(dataset={**blobs_spec()["dataset"], "batch_size": 512, "train_batches": 60})
+    from tests.plugin_dist import PLUGIN_DIR, make_plugin_site
+
+    # 20 ms a step (paced_mlp sleeps; values are untouched): each epoch of 60 steps lasts
+    # over a second however fast the machine, so the test sees every attempt mid-epoch.
+    spec = blobs_spec(
+        dataset={**blobs_spec()["dataset"], "batch_size": 512, "train_batches": 60},
+        model={"architecture": "paced_mlp", "params": {"step_seconds": 0.02}},
+    )
     spec["training"]["epochs"] = 8
-    env = {"REPRO_LEASE_SECONDS": "3", "REPRO_HEARTBEAT_SECONDS": "1"}
+    plugins = [make_plugin_site(tmp_path / "site"), PLUGIN_DIR]
+    paths = {"PYTHONPATH": job_env(plugins)["PYTHONPATH"]}
+    env = {"REPRO_LEASE_SECONDS": "3", "REPRO_HEARTBEAT_SECONDS": "1", **paths}
     service = Service(tmp_path / "data", env=env, extra=("--no-demo",))
-    with running(service) as (svc, _):
+    with running(service) as (svc, workers):
         run_id = svc.submit(json.dumps(spec), "application/json").json()["run"]["id"]
         seen_epoch = 0
         for kill in range(3):
-            worker = svc.worker(tmp_path / f"doomed-{kill}")
+            worker = svc.worker(tmp_path / f"doomed-{kill}", env=paths)
+            workers.append(worker)  # stopped on the way out whatever happens
             deadline = time.monotonic() + 240
             while True:  # wait for a new checkpoint, then for training to be mid-epoch
                 run = svc.client.get(f"/api/v1/runs/{run_id}").json()
@@ -347,18 +357,15 @@ def test_worker_killed_three_times_mid_epoch_still_ends_identical(tmp_path: Path
                     and run["attempt"] == kill + 1
                 ):
                     break
-                assert run["status"] == "running" or run["status"] == "queued", run["error"]
+                assert run["status"] in ("running", "queued"), (kill, run["status"], run["error"])
                 assert time.monotonic() < deadline, f"kill {kill}: no progress"
                 time.sleep(0.05)
             seen_epoch = run["checkpoint_epoch"]
             worker.kill()
-        last = svc.worker(tmp_path / "survivor")
-        try:
-            done = svc.wait_run(run_id)
-        finally:
-            last.stop()
+        workers.append(svc.worker(tmp_path / "survivor", env=paths))
+        done = svc.wait_run(run_id)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempt"] == 4
     assert done["result_summary"]["resumed_from_epoch"] >= 3
-    reference = run_job(spec, tmp_path / "reference")
+    reference = run_job(spec, tmp_path / "reference", extra_paths=plugins)
     assert done["final_fingerprint"] == reference.result.final_fingerprint

@@ -109,3 +109,26 @@ def perturbed_mlp(params: dict[str, Any], data: Any) -> Any:
 
     model.training_callbacks = [OneUlp()]
     return model
+
+
+def paced_mlp(params: dict[str, Any], data: Any) -> Any:
+    """A small MLP whose training sleeps `step_seconds` after every optimizer step.
+
+    Sleeping changes no value, so runs stay bitwise reproducible; it gives tests that must
+    act mid-epoch (killing a worker, say) a window that does not depend on machine speed.
+    """
+    import time
+
+    import keras
+
+    pause = float(params.get("step_seconds", 0.02))
+    inputs = keras.Input(shape=data.x_shape, name="inputs")
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(data.output_dim, name="out")(h))
+
+    class Pace(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            time.sleep(pause)
+
+    model.training_callbacks = [Pace()]
+    return model
