@@ -96,7 +96,11 @@ class Run(Base):
     """One training of an experiment; a rerun is a run with `rerun_of_id` set."""
 
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_status_id", "status", "id"),)
+    __table_args__ = (
+        Index("ix_runs_status_id", "status", "id"),  # the claim: oldest queued first
+        Index("ix_runs_kind_id", "kind", "id"),  # the runs page, newest first
+        Index("ix_runs_kind_status_id", "kind", "status", "id"),  # ... filtered by status
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
