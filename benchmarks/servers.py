@@ -73,7 +73,7 @@ def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
 
 @contextmanager
 def worker_agent(server: Server, work_dir: Path, name: str = "bench") -> Iterator[Any]:
-    """`repro worker` with its default poll interval, as an operator starts it."""
+    """`repro worker` with its defaults (claims wait on the server), as an operator starts it."""
     from tests.integration.jobs import job_env
 
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Section 4, service overhead: `repro submit --wait` against `python -m worker.run`.
 
-A fresh `repro serve` (SQLite) and one `repro worker` (default poll interval, process
+A fresh `repro serve` (SQLite) and one `repro worker` (default long-poll claims, process
 executor) on this machine. Each round runs the same small spec both ways, in alternating
 order, after one untimed round of each that warms the file cache:
 
@@ -45,8 +45,8 @@ CLIENT = "client: CLI start, submit, noticing the end"
 REST = "rest until reported: re-exec, provenance, result, upload, report"
 # What would shrink each part that only the service path has.
 FIXES = {
-    QUEUE_WAIT: "an idle worker polls every second; a claim that waits on the server for the "
-    "next run (long poll) would remove it, `repro worker --poll 0.2` shortens it",
+    QUEUE_WAIT: "the idle worker's claim already waits on the server and wakes at the "
+    "submission; the rest is the claim's own queries and the agent starting the job",
     CLIENT: "the CLI's start, and `--wait` polls every 0.5 s: following GET /runs/{id}/events "
     "would notice the end at once",
     REST: "after the job ends the worker still uploads its last checkpoint, then reports",
@@ -163,7 +163,7 @@ def measure(quick: bool) -> list[Row]:
         sum(t.get(k, 0.0) for k in JOB_PARTS) for t in d_t
     )
     met = overhead <= allowed
-    spec_label = f"{SPEC.name}, SQLite, worker polls every 1 s"
+    spec_label = f"{SPEC.name}, SQLite, worker claims by long poll"
     rows = [
         Row(
             section="service",

@@ -45,6 +45,7 @@ log = logging.getLogger("reprotrain.agent")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _MAX_BACKOFF = 30.0  # seconds between attempts while the API is down
 PROGRESS_SECONDS = 1.0  # at most one progress update a second
+CLAIM_WAIT_SECONDS = 20.0  # how long an idle worker's claim waits on the server (long poll)
 
 
 def _transient(exc: ApiError) -> bool:
@@ -86,6 +87,7 @@ class Agent:
         name: str,
         work_dir: Path,
         poll_interval: float = 1.0,
+        claim_wait: float = CLAIM_WAIT_SECONDS,
         images: Sequence[str] = (),
         max_jobs: int | None = None,
     ) -> None:
@@ -93,6 +95,7 @@ class Agent:
         self.name = name
         self.work_dir = Path(work_dir)
         self.poll_interval = poll_interval
+        self.claim_wait = claim_wait
         self.images = list(images)
         self.max_jobs = max_jobs
         self.worker_id: Id | None = None
@@ -133,9 +136,13 @@ class Agent:
             return
         done = 0
         while not self._stop.is_set() and (self.max_jobs is None or done < self.max_jobs):
+            asked = time.monotonic()
             claim = self._claim()
             if claim is None:
-                self._stop.wait(self.poll_interval)
+                # A server that held the claim has waited already; one that answered at once
+                # (no long polls, or an error) is asked again after the poll interval.
+                if time.monotonic() - asked < self.claim_wait / 2:
+                    self._stop.wait(self.poll_interval)
                 continue
             self._process(claim)
             done += 1
@@ -169,7 +176,7 @@ class Agent:
 
     def _claim(self) -> dict[str, Any] | None:
         try:
-            claim = self.client.claim(self._wid)
+            claim = self._ask_for_run()
             self._claim_delay = self.poll_interval
             return claim
         except ApiError as exc:
@@ -183,6 +190,49 @@ class Agent:
                 self._stop.wait(self._claim_delay)
                 self._claim_delay = min(self._claim_delay * 2, _MAX_BACKOFF)
             return None
+
+    def _ask_for_run(self) -> dict[str, Any] | None:
+        """One claim; a long poll runs on its own thread so that a stop ends the wait at once."""
+        if self.claim_wait <= 0:
+            return self.client.claim(self._wid)
+        answer: queue.Queue[tuple[dict[str, Any] | None, ApiError | None]] = queue.Queue(1)
+        wid = self._wid
+
+        def ask() -> None:
+            try:
+                answer.put((self.client.claim(wid, wait=self.claim_wait), None))
+            except ApiError as exc:
+                answer.put((None, exc))
+            except Exception as exc:  # e.g. the client closed under a stopping agent
+                answer.put((None, ApiUnreachable(None, repr(exc))))
+
+        threading.Thread(target=ask, name="claim", daemon=True).start()
+        while True:
+            try:
+                claim, error = answer.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set():
+                    self._release_late(answer, wid)
+                    return None
+                continue
+            if error is not None:
+                raise error
+            return claim
+
+    def _release_late(
+        self, answer: queue.Queue[tuple[dict[str, Any] | None, ApiError | None]], wid: Id
+    ) -> None:
+        # Stopping with a long poll out: should it still bring a run, hand that run back. (If
+        # the process exits first the server sees the connection gone and leases nothing.)
+        def release() -> None:
+            claim, _ = answer.get()
+            if claim is not None:
+                run_id = claim["run"]["id"]
+                log.info("run %s claimed while stopping; releasing it", run_id)
+                with contextlib.suppress(Exception):
+                    self.client.release(run_id, wid, "the worker stopped while claiming")
+
+        threading.Thread(target=release, name="claim-release", daemon=True).start()
 
     # -- one run -----------------------------------------------------------------------------
 
@@ -444,6 +494,7 @@ def run_agent(
     name: str | None = None,
     work_dir: Path | None = None,
     poll_interval: float = 1.0,
+    claim_wait: float = CLAIM_WAIT_SECONDS,
     max_jobs: int | None = None,
     images: list[str] | None = None,
     install_signals: bool = True,
@@ -457,6 +508,7 @@ def run_agent(
             name=name or f"{socket.gethostname()}-{os.getpid()}",
             work_dir=work_dir,
             poll_interval=poll_interval,
+            claim_wait=claim_wait,
             images=images or [],
             max_jobs=max_jobs,
         )

@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.main import api_router, install_error_handlers
 from service.api.routes import health
 from service.auth import FailureLimiter
+from service.bell import Bell
 from service.config import Settings, get_settings
 from service.db import make_engine, make_sessionmaker
 
@@ -53,7 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.resolved_database_url)
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.queue_bell, app.state.runs_bell = Bell(), Bell()
+    app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))
     app.state.auth_failures = FailureLimiter(
         settings.auth_failures_allowed, settings.auth_failure_window_seconds
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -153,6 +154,11 @@ class ApiClient:
             time.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns/raises
 
+    def _timeout(self, *, read: float | None) -> httpx.Timeout:
+        """The client's timeouts with another read timeout (None: wait as long as it takes)."""
+        base = self._http.timeout
+        return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+
     def _call(
         self,
         method: str,
@@ -279,21 +285,40 @@ class ApiClient:
         poll: float = 0.5,
         on_update: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Poll until the run is succeeded, failed or cancelled; TimeoutError after `timeout` s."""
+        """Until the run is succeeded, failed or cancelled; TimeoutError after `timeout` s.
+
+        Follows the run's event stream, so the end is noticed as it happens (and the run is
+        read again at each event, for `on_update`); polls every `poll` s instead when the
+        stream is not available or breaks off.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            run = self.run(run_id)
+
+        def check(run: dict[str, Any]) -> bool:
             if on_update is not None:
                 on_update(run)
             if run.get("status") in TERMINAL_STATUSES:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id} still {run.get('status')} after {timeout} s")
+            return False
+
+        read = None if deadline is None else max(deadline - time.monotonic(), 0.01)
+        stream_timeout = self._timeout(read=read)
+        with contextlib.suppress(httpx.HTTPError):  # no stream, or it broke off: poll below
+            path = f"{API}/runs/{run_id}/events"
+            with self._http.stream("GET", path, timeout=stream_timeout) as events:
+                if events.is_success:
+                    for line in events.iter_lines():
+                        if line.startswith("data:"):
+                            run = self.run(run_id)
+                            if check(run):
+                                return run
+        while True:
+            run = self.run(run_id)
+            if check(run):
                 return run
-            pause = poll
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"run {run_id} still {run.get('status')} after {timeout} s")
-                pause = min(poll, left)
-            time.sleep(pause)
+            pause = poll if deadline is None else min(poll, deadline - time.monotonic())
+            time.sleep(max(pause, 0.0))
 
     # -- worker protocol ---------------------------------------------------------------------
 
@@ -310,9 +335,19 @@ class ApiClient:
         }
         return _as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
-    def claim(self, worker_id: Id) -> dict[str, Any] | None:
-        """Lease the next run this worker can run: {"run", "lease", "checkpoint"}, or None."""
-        response = self._call("POST", f"{API}/workers/{worker_id}/claim")
+    def claim(self, worker_id: Id, *, wait: float = 0) -> dict[str, Any] | None:
+        """Lease the next run this worker can run: {"run", "lease", "checkpoint"}, or None.
+
+        With `wait` the server holds the request up to that many seconds until a run is
+        queued (a long poll), so an idle worker starts a new run at once.
+        """
+        path = f"{API}/workers/{worker_id}/claim"
+        if wait <= 0:
+            response = self._call("POST", path)
+        else:
+            read = self._http.timeout.read
+            timeout = self._timeout(read=wait + (read or 30.0))
+            response = self._call("POST", path, params={"wait": wait}, timeout=timeout)
         return None if response.status_code == 204 else _as_dict(response)
 
     def heartbeat(

@@ -9,6 +9,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.bell import Bell, attach
+
 
 def _sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
     # WAL lets the API read while a worker report writes; the busy timeout makes writers
@@ -33,6 +35,12 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    """Sessions that keep loaded objects usable after commit."""
-    return sessionmaker(engine, expire_on_commit=False)
+def make_sessionmaker(
+    engine: Engine, bells: tuple[Bell, Bell] | None = None
+) -> sessionmaker[Session]:
+    """Sessions that keep loaded objects usable after commit; with `bells` (queued, runs),
+    ring them after commits that queued a run and that wrote one (see service.bell)."""
+    maker = sessionmaker(engine, expire_on_commit=False)
+    if bells is not None:
+        attach(maker, *bells)
+    return maker

@@ -7,12 +7,12 @@ A run is held by at most one worker: claiming is one atomic conditional update (
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, delete, exists, or_, select, update
+from sqlalchemy import CursorResult, and_, delete, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from service import verdicts
+from service import bell, verdicts
 from service.auth import Principal
 from service.config import Settings
 from service.errors import Forbidden, NotFound, NotHeld
@@ -80,12 +80,14 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
         )
         .execution_options(synchronize_session=False)
     )
-    db.execute(
+    requeued = db.execute(
         update(Run)
         .where(expired)
         .values(status="queued", worker_id=None, lease_expires_at=None)
         .execution_options(synchronize_session=False)
     )
+    if cast(CursorResult[Any], requeued).rowcount:
+        bell.note_queued(db)
     db.commit()
 
 

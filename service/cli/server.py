@@ -128,9 +128,8 @@ def serve(
     upgrade(settings.resolved_database_url)
     first_start = _is_first_start(settings)
     admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning")
-    )
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server_thread = threading.Thread(target=server.run, name="api", daemon=True)
     server_thread.start()
     while not server.started:
@@ -167,6 +166,7 @@ def serve(
     if agent is not None and agent_thread is not None:
         agent.request_stop()  # the job checkpoints and is released while the API is still up
         agent_thread.join(timeout=120)
+    app.state.queue_bell.close()  # waiting claims answer now rather than hold up the shutdown
     server.should_exit = True
     server_thread.join(timeout=30)
 
@@ -177,7 +177,17 @@ def worker(
     name: Annotated[str | None, typer.Option(help="worker name shown in the API")] = None,
     work_dir: Annotated[Path | None, typer.Option(help="where jobs write their files")] = None,
     max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
-    poll: Annotated[float, typer.Option(help="seconds between claims when idle")] = 1.0,
+    poll: Annotated[
+        float, typer.Option(help="seconds between claims when the API answers them at once")
+    ] = 1.0,
+    claim_wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=30,
+            help="seconds each claim waits on the API for a run (long poll; 0: poll instead)",
+        ),
+    ] = 20.0,
 ) -> None:
     """Run a worker agent: claim runs, train them in fresh processes, report results."""
     from service.agent import run_agent
@@ -189,6 +199,7 @@ def worker(
         name=name,
         work_dir=work_dir,
         poll_interval=poll,
+        claim_wait=claim_wait,
         max_jobs=max_jobs,
     )
 

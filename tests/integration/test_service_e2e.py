@@ -302,7 +302,7 @@ def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path:
             second.stop()
     assert done["status"] == "succeeded"
     assert done["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
-    reference = run_job(spec, tmp_path / "reference", extra_paths=plugins)
+    reference = run_job(spec, tmp_path / "reference")
     assert done["final_fingerprint"] == reference.result.final_fingerprint
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -276,3 +277,51 @@ def test_download_keeps_only_bytes_that_match_the_digest(tmp_path: Path) -> None
     with pytest.raises(ArtifactCorrupt):
         client.download_artifact("a1", tmp_path / "bad.npz", sha256="0" * 64)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.npz"]  # no partial file left
+
+
+def test_a_long_poll_claim_reads_for_longer_than_it_asks_the_server_to_wait() -> None:
+    seen: list[tuple[dict[str, str], dict[str, float | None]]] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append((dict(request.url.params), request.extensions["timeout"]))
+        return httpx.Response(204)
+
+    client = _client(api)
+    assert client.claim("w1", wait=20) is None
+    assert client.claim("w1") is None
+    (asked, timeouts), (plain, plain_timeouts) = seen
+    assert asked == {"wait": "20"} and timeouts["read"] is not None and timeouts["read"] > 20
+    assert timeouts["connect"] == plain_timeouts["connect"] == 30.0
+    assert plain == {} and plain_timeouts["read"] == 30.0
+
+
+def test_waiting_follows_the_event_stream_and_reads_the_run_at_each_event() -> None:
+    events = "".join(
+        f"event: run\ndata: {json.dumps({'id': 1, 'status': s})}\n\n"
+        for s in ("queued", "running", "succeeded")
+    )
+    statuses = iter(["queued", "running", "succeeded"])
+    paths: list[str] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path.endswith("/events"):
+            assert request.extensions["timeout"]["read"] is None  # no timeout: wait it out
+            return httpx.Response(200, text=events, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={"id": 1, "status": next(statuses)})
+
+    updates: list[str] = []
+    done = _client(api).wait(1, timeout=None, on_update=lambda run: updates.append(run["status"]))
+    assert done["status"] == "succeeded" and updates == ["queued", "running", "succeeded"]
+    assert paths == ["/api/v1/runs/1/events"] + ["/api/v1/runs/1"] * 3
+
+
+def test_waiting_polls_when_the_server_has_no_event_stream() -> None:
+    statuses = iter(["queued", "running", "failed"])
+
+    def api(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(404, json={"detail": "no such route"})
+        return httpx.Response(200, json={"id": 1, "status": next(statuses)})
+
+    assert _client(api).wait(1, timeout=None, poll=0.01)["status"] == "failed"

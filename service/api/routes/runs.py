@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
@@ -17,6 +18,7 @@ from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SubmitAcces
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_detail, run_out, run_outs
+from service.bell import Bell
 from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
 from service.schemas import MAX_ID, Page, RunDetail, RunOut
 
@@ -25,6 +27,8 @@ router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 VerdictName = Literal["identical", "diverged", "incomparable", "reference", "none"]
 Kind = Literal["train", "refine"]
+# An event stream looks at its run this often even when no write in this process woke it.
+_EVENTS_RECHECK_SECONDS = 1.0
 assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 
 
@@ -101,19 +105,28 @@ def _snapshot(request: Request, run_id: int) -> dict[str, object]:
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}}, **errors(404, 422)},
 )
-async def events(run_id: IdPath, request: Request, _: ReadAccess) -> StreamingResponse:
+async def events(
+    run_id: IdPath, request: Request, db: SessionDep, _: ReadAccess
+) -> StreamingResponse:
     """Server-sent events: the run's status and progress whenever they change."""
+    await run_in_threadpool(db.close)  # the token check's connection is not held meanwhile
     first = await run_in_threadpool(_snapshot, request, run_id)  # 404 before streaming
+    bell: Bell = request.app.state.runs_bell
 
     async def stream() -> AsyncIterator[str]:
         snapshot, last = first, None
         while True:
-            if snapshot != last:
-                yield f"event: run\ndata: {json.dumps(snapshot)}\n\n"
-                last = snapshot
-            if snapshot["status"] in TERMINAL_STATUSES or await request.is_disconnected():
-                return
-            await asyncio.sleep(0.5)
+            woken = bell.listen()  # a run written from now on wakes the wait below
+            try:
+                if snapshot != last:
+                    yield f"event: run\ndata: {json.dumps(snapshot)}\n\n"
+                    last = snapshot
+                if snapshot["status"] in TERMINAL_STATUSES or await request.is_disconnected():
+                    return
+                with contextlib.suppress(TimeoutError):  # and look anyway now and then
+                    await asyncio.wait_for(woken.wait(), _EVENTS_RECHECK_SECONDS)
+            finally:
+                bell.forget(woken)
             snapshot = await run_in_threadpool(_snapshot, request, run_id)
 
     return StreamingResponse(

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service import artifacts, queue
 from service.api.deps import AnyRole, IdPath, SessionDep, SettingsDep, WorkAccess
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
+from service.auth import Principal
+from service.bell import Bell
+from service.config import Settings
 from service.errors import Forbidden
+from service.models import Run
 from service.schemas import (
     MAX_ID,
     ArtifactOut,
@@ -60,19 +69,11 @@ def register(
     )
 
 
-@router.post(
-    "/workers/{worker_id}/claim",
-    response_model=ClaimOut,
-    responses={204: {"description": "nothing to run"}, **errors(404, 422)},
-)
-def claim(
-    worker_id: IdPath, db: SessionDep, settings: SettingsDep, principal: WorkAccess
-) -> ClaimOut | Response:
-    """Take the oldest runnable queued run under a lease, with its newest checkpoint."""
-    queue.check_worker(db, worker_id, principal)
-    run = queue.claim(db=db, settings=settings, worker_id=worker_id)
-    if run is None:
-        return Response(status_code=204)
+MAX_CLAIM_WAIT = 30.0  # seconds a claim may wait on the server for a run
+_RECHECK_SECONDS = 1.0  # a waiting claim looks again this often even if nothing rang
+
+
+def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
     checkpoint = queue.resume_point(db, run)
     options = run.job_options or {}
     assert run.lease_expires_at is not None
@@ -97,6 +98,57 @@ def claim(
         limits={"max_model_parameters": settings.max_model_parameters},
         job={k: int(options[k]) for k in ("trace_every_steps", "until_epoch") if k in options},
     )
+
+
+def _claim_once(
+    request: Request, worker_id: int, principal: Principal, settings: Settings
+) -> ClaimOut | None:
+    with request.app.state.sessionmaker() as db:
+        queue.check_worker(db, worker_id, principal)
+        run = queue.claim(db=db, settings=settings, worker_id=worker_id)
+        return None if run is None else _claim_out(db, run, settings)
+
+
+@router.post(
+    "/workers/{worker_id}/claim",
+    response_model=ClaimOut,
+    responses={204: {"description": "nothing to run (within `wait`)"}, **errors(404, 422)},
+)
+async def claim(
+    worker_id: IdPath,
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    principal: WorkAccess,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_CLAIM_WAIT,
+            description="Seconds to wait for a runnable run before answering 204 (a long "
+            "poll: the claim returns as soon as a run is queued).",
+        ),
+    ] = 0,
+) -> ClaimOut | Response:
+    """Take the oldest runnable queued run under a lease, with its newest checkpoint."""
+    await run_in_threadpool(db.close)  # the token check's connection is not held while waiting
+    bell: Bell = request.app.state.queue_bell
+    deadline = time.monotonic() + wait
+    while True:
+        woken = bell.listen()  # before looking, so a run queued meanwhile is not missed
+        try:
+            out = await run_in_threadpool(_claim_once, request, worker_id, principal, settings)
+            if out is not None:
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0 or bell.closed:
+                return Response(status_code=204)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), min(left, _RECHECK_SECONDS))
+            if bell.closed or await request.is_disconnected():  # lease nothing to a leaver
+                return Response(status_code=204)
+        finally:
+            bell.forget(woken)
 
 
 # A report about a run: its body, the run, and whether this worker still holds it.
