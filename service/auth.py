@@ -171,32 +171,42 @@ def audit(
     )
 
 
+def token_identity(token: str | None) -> str:
+    """Whose token this claims to be, for failed-auth accounting: `id:<n>`, or its absence."""
+    if token is None:
+        return "none"
+    match = _TOKEN.match(token)
+    return f"id:{match.group(1)}" if match else "malformed"
+
+
 class FailureLimiter:
-    """Refuses a client that sent too many invalid tokens within a window (429)."""
+    """Answers 429 instead of 401 to a client that keeps sending invalid tokens.
+
+    Failures are counted per (client address, presented token identity), so bad tokens
+    for one identity never count against another, and a valid token is never refused:
+    it is verified first, whoever else sent bad tokens from the same address.
+    """
 
     def __init__(self, max_failures: int, window_seconds: float) -> None:
         self.max_failures, self.window = max_failures, window_seconds
-        self._failures: dict[str, deque[float]] = {}
+        self._failures: dict[tuple[str, str], deque[float]] = {}
         self._lock = threading.Lock()
 
-    def _recent(self, client: str, now: float) -> deque[float]:
-        failures = self._failures.setdefault(client, deque())
+    def _recent(self, key: tuple[str, str], now: float) -> deque[float]:
+        failures = self._failures.setdefault(key, deque())
         while failures and failures[0] <= now - self.window:
             failures.popleft()
         return failures
 
-    def check(self, client: str) -> None:
-        """RateLimited if this client is over the limit now."""
-        with self._lock:
-            recent = self._recent(client, time.monotonic())
-            if len(recent) >= self.max_failures:
-                retry = int(recent[0] + self.window - time.monotonic()) + 1
-                raise RateLimited(f"too many invalid tokens; retry in {retry} s")
-
-    def failed(self, client: str) -> None:
-        """Count one invalid token from this client."""
+    def failed(self, client: str, identity: str) -> RateLimited | None:
+        """Count one invalid token; the 429 to answer with if this key is over the limit."""
         with self._lock:
             now = time.monotonic()
-            self._recent(client, now).append(now)
+            recent = self._recent((client, identity), now)
+            recent.append(now)
             if len(self._failures) > 10_000:  # bound memory under a spray of addresses
                 self._failures = {k: v for k, v in self._failures.items() if v}
+            if len(recent) <= self.max_failures:
+                return None
+            retry = int(recent[0] + self.window - now) + 1
+        return RateLimited(f"too many invalid tokens; retry in {retry} s", retry_after=retry)

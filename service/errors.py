@@ -8,9 +8,17 @@ class ServiceError(Exception):
 
     status_code = 500
 
-    def __init__(self, message: str | None = None, *, errors: list[dict[str, str]] | None = None):
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        errors: list[dict[str, str]] | None = None,
+        retry_after: int | None = None,
+    ):
         super().__init__(message or (self.__doc__ or "").strip())
         self.errors = errors or []
+        # Seconds a client should wait before trying again (429, 503): sent as Retry-After.
+        self.retry_after = retry_after
 
 
 class NotFound(ServiceError):
@@ -75,3 +83,9 @@ class RateLimited(ServiceError):
     """Too many requests."""
 
     status_code = 429
+
+
+class ServiceUnavailable(ServiceError):
+    """The server is at a configured limit; try again later."""
+
+    status_code = 503

@@ -91,6 +91,7 @@ def create_experiment(
     original with created False, and a key reused for a different body raises Conflict.
     """
     if idempotency_key is not None:
+        idempotency_key = scoped_idempotency_key(idempotency_key, actor)
         found = _by_idempotency_key(db, idempotency_key, request_hash)
         if found is not None:
             return found[0], found[1], False
@@ -142,6 +143,12 @@ def create_experiment(
     )
     db.commit()
     return experiment, run, True
+
+
+def scoped_idempotency_key(key: str, actor: Principal | None) -> str:
+    """The stored form of a client's Idempotency-Key: one token's keys never meet another's."""
+    owner = str(actor.token_id) if actor is not None else "server"
+    return "sha256:" + hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
 
 
 def _by_idempotency_key(

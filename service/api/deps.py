@@ -49,13 +49,15 @@ def get_principal(
     """The caller of a bearer token; 401 without a valid one, 429 after too many bad ones."""
     limiter: auth.FailureLimiter = request.app.state.auth_failures
     client = request.client.host if request.client else "unknown"
-    limiter.check(client)
-    if credentials is None:
-        raise Unauthorized("send a bearer token: Authorization: Bearer <token>")
+    token = credentials.credentials if credentials is not None else None
     try:
-        return auth.verify(db, credentials.credentials)
+        if token is None:
+            raise Unauthorized("send a bearer token: Authorization: Bearer <token>")
+        return auth.verify(db, token)
     except Unauthorized:
-        limiter.failed(client)
+        limited = limiter.failed(client, auth.token_identity(token))
+        if limited is not None:
+            raise limited from None
         raise
 
 

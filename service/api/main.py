@@ -24,7 +24,9 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     body: dict[str, object] = {"detail": str(exc)}
     if exc.errors:
         body["errors"] = exc.errors
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(exc.retry_after, 1))
     return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 

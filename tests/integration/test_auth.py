@@ -225,7 +225,17 @@ def test_too_many_invalid_tokens_are_rate_limited(tmp_path: Path) -> None:
             assert [c.get("/api/v1/runs", headers=bad).status_code for _ in range(5)] == [401] * 5
             limited = c.get("/api/v1/runs", headers=bad)
             assert limited.status_code == 429 and "too many invalid tokens" in limited.text
+            assert 1 <= int(limited.headers["Retry-After"]) <= 61
             assert c.get("/healthz").status_code == 200
+            # Token 1 is the admin's: someone else's bad guesses at it, from the same
+            # address, never lock the real token out, nor other callers' first mistakes.
+            admin = {"Authorization": f"Bearer {service.admin_token}"}
+            assert service.admin_token.startswith("rpt_1_")
+            assert c.get("/api/v1/runs", headers=admin).status_code == 200
+            other = {"Authorization": "Bearer not-a-token"}
+            assert c.get("/api/v1/runs", headers=other).status_code == 401
+            assert c.get("/api/v1/runs").status_code == 401
+            assert c.get("/api/v1/runs", headers=bad).status_code == 429
     finally:
         service.stop()
 

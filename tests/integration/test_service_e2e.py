@@ -169,6 +169,15 @@ def test_idempotency_key_returns_the_original(api: Service) -> None:
     assert again.json()["run"]["id"] == first.json()["run"]["id"]
     other = api.submit(SEED001.replace("seed: 42", "seed: 43"), **{"Idempotency-Key": "abc-1"})
     assert other.status_code == 409
+    # Keys belong to the token that sent them: another submitter's "abc-1" is its own.
+    with api.client_for("submitter", "someone else") as theirs:
+        headers = {"content-type": "application/yaml", "Idempotency-Key": "abc-1"}
+        body = SEED001.replace("seed: 42", "seed: 44")
+        mine = theirs.post("/api/v1/experiments", content=body, headers=headers)
+        assert mine.status_code == 201, mine.text
+        assert mine.json()["run"]["id"] != first.json()["run"]["id"]
+        replay = theirs.post("/api/v1/experiments", content=body, headers=headers)
+        assert replay.status_code == 200 and replay.json()["run"]["id"] == mine.json()["run"]["id"]
 
 
 def test_unknown_ids_are_404_and_foreign_reports_403(api: Service) -> None:
