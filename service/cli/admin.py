@@ -17,7 +17,7 @@ from service.cli.output import (
     emit_json,
     err,
 )
-from service.client import ApiError
+from worker.node.client import ApiError
 
 token_app = typer.Typer(help="Create, list and revoke API tokens (admins).", no_args_is_help=True)
 

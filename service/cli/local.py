@@ -11,7 +11,7 @@ import typer
 
 from service.cli.output import JsonFlag, TrainingBar, emit_json, err
 from worker.errors import SpecError
-from worker.executor import run_process_job
+from worker.node.executors.process import run_process_job
 from worker.result import JobResult
 from worker.spec import load_spec
 from worker.verdict import build_report, describe, record_from_result

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from service.client import ApiClient, ApiError
+from worker.node.client import ApiClient, ApiError
 
 err = Console(stderr=True)
 

@@ -23,7 +23,7 @@ from service.cli.output import (
     err,
 )
 from service.cli.report import print_report
-from service.client import ApiClient, ApiError
+from worker.node.client import ApiClient, ApiError
 from worker.result import read_result
 from worker.verdict import describe
 

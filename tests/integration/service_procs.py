@@ -61,6 +61,7 @@ class Service:
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
         self._clients: list[httpx.Client] = []
+        self._worker_tokens: dict[str, str] = {}
 
     def wait_ready(self, timeout: float = 60) -> Service:
         deadline = time.monotonic() + timeout
@@ -126,14 +127,14 @@ class Service:
         raise TimeoutError(f"run {run_id} still {run['status']}: {self.log.read_text()[-3000:]}")
 
     def worker(self, work_dir: Path, env: dict[str, str] | None = None) -> WorkerProc:
-        """A worker agent process with its own worker token, named after its directory."""
-        return WorkerProc(
-            self.url,
-            work_dir,
-            token=self.token("worker", work_dir.name),
-            name=work_dir.name,
-            env=env,
-        )
+        """A worker agent process with its own worker token, named after its directory.
+
+        A worker started again under a name keeps its token, and so its identity.
+        """
+        name = work_dir.name
+        if name not in self._worker_tokens:
+            self._worker_tokens[name] = self.token("worker", name)
+        return WorkerProc(self.url, work_dir, token=self._worker_tokens[name], name=name, env=env)
 
 
 class WorkerProc:

@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.client import ApiClient, ApiError, ApiUnreachable, ArtifactCorrupt, LeaseLost
-from service.job_process import (
+from worker.node.client import ApiClient, ApiError, ApiUnreachable, ArtifactCorrupt, LeaseLost
+from worker.node.executors.process import job_environment
+from worker.node.job_files import (
     StderrTail,
     checkpoint_downloads,
     checkpoint_uploads,
     describe_exit,
-    job_environment,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +109,7 @@ def test_job_environment_drops_the_reexec_marker(monkeypatch: pytest.MonkeyPatch
 _PARENT = textwrap.dedent(
     """
     import subprocess, sys, time
-    from service.job_process import pdeathsig_preexec
+    from worker.node.executors.process import pdeathsig_preexec
     hook = pdeathsig_preexec() if sys.argv[1] == "hook" else None
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                              preexec_fn=hook)
@@ -325,3 +325,19 @@ def test_waiting_polls_when_the_server_has_no_event_stream() -> None:
         return httpx.Response(200, json={"id": 1, "status": next(statuses)})
 
     assert _client(api).wait(1, timeout=None, poll=0.01)["status"] == "failed"
+
+
+def test_a_busy_server_s_retry_after_reaches_the_caller() -> None:
+    def busy(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, json={"detail": "slow down"}, headers={"Retry-After": "7"})
+
+    with pytest.raises(ApiError) as limited:
+        _client(busy).complete("r1", "w1", {"status": "succeeded"})
+    assert limited.value.status_code == 429 and limited.value.retry_after == 7.0
+    assert limited.value.retryable  # a report refused for now is sent again, not dropped
+
+
+def test_only_answers_that_may_change_are_retryable() -> None:
+    assert ApiUnreachable(None, "down").retryable
+    assert all(ApiError(code, "x").retryable for code in (408, 429, 500, 502, 503, 504))
+    assert not any(ApiError(code, "x").retryable for code in (400, 403, 404, 409, 422))

@@ -1,4 +1,4 @@
-"""The job subprocess seen from the agent: its environment, its death signal, its files.
+"""A job's files and output seen from the agent, whatever executor ran it.
 
 Pure helpers, no API calls: which checkpoint files to upload or may be downloaded, a
 bounded tail of the job's stderr, and a readable description of how it exited.
@@ -7,43 +7,16 @@ bounded tail of the job's stderr, and a readable description of how it exited.
 from __future__ import annotations
 
 import collections
-import ctypes
-import os
 import re
 import signal
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 KILL_GRACE_SECONDS = 10.0
-_PR_SET_PDEATHSIG = 1
 _CHECKPOINT_FILE = re.compile(r"^epoch-(\d{6})\.(npz|json)$")
 
 Upload = tuple[int, Path, Path]
-
-
-def pdeathsig_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
-    """A Popen `preexec_fn` that makes the child get `sig` when its parent dies; None off Linux.
-
-    Linux sends the signal when the *thread* that started the child exits, so the thread
-    that calls Popen must outlive the child (the agent waits for its job in that thread).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    # Look prctl up before fork, so the child runs as little code as possible.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:  # the parent died before prctl: no signal would ever come
-            os.kill(os.getpid(), sig)
-
-    return preexec
 
 
 def checkpoint_uploads(directory: Path, event: dict[str, Any]) -> Upload:
@@ -99,11 +72,3 @@ def describe_exit(code: int) -> str:
         return f"signal {signal.Signals(-code).name}"
     except ValueError:
         return f"signal {-code}"
-
-
-def job_environment() -> dict[str, str]:
-    """The environment of a job: the agent's, quieter TensorFlow, no stale re-exec marker."""
-    env = dict(os.environ)
-    env.pop("REPRO_JOB_REEXEC", None)  # worker.run's marker: it would suppress the job's re-exec
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return env

@@ -13,6 +13,24 @@ from typing import Any
 
 import httpx
 
+from worker.node.api_errors import (
+    ApiError,
+    ApiUnreachable,
+    ArtifactCorrupt,
+    LeaseLost,
+    error_from,
+    file_sha256,
+)
+
+__all__ = [
+    "ApiClient",
+    "ApiError",
+    "ApiUnreachable",
+    "ArtifactCorrupt",
+    "LeaseLost",
+    "file_sha256",
+]
+
 API = "/api/v1"
 Id = int | str  # resource ids only ever go into URLs and bodies as the server gave them
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -20,54 +38,10 @@ _RETRY_STATUSES = frozenset({502, 503, 504})
 _CHUNK = 1 << 20
 
 
-class ApiError(Exception):
-    """The API answered with an error."""
-
-    def __init__(self, status_code: int | None, detail: Any) -> None:
-        super().__init__(status_code, detail)
-        self.status_code = status_code
-        self.detail = detail
-
-    def __str__(self) -> str:
-        prefix = f"HTTP {self.status_code}" if self.status_code is not None else type(self).__name__
-        return f"{prefix}: {self.detail}"
-
-
-class LeaseLost(ApiError):
-    """The worker no longer holds the run (its lease expired or the run was cancelled)."""
-
-
-class ApiUnreachable(ApiError):
-    """The API could not be reached (no HTTP response, after retries)."""
-
-
-class ArtifactCorrupt(ApiError):
-    """A downloaded artifact does not match its expected SHA-256."""
-
-
-def file_sha256(path: Path) -> tuple[str, int]:
-    """Hex SHA-256 and size in bytes of a file, read in blocks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
-
-
 def _file_chunks(path: Path) -> Iterator[bytes]:
     # A generator opens the file only when httpx starts sending, once per attempt.
     with open(path, "rb") as fh:
         yield from iter(lambda: fh.read(_CHUNK), b"")
-
-
-def _detail(response: httpx.Response) -> Any:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text or response.reason_phrase
-    return body.get("detail", body) if isinstance(body, dict) else body
 
 
 def _as_dict(response: httpx.Response) -> dict[str, Any]:
@@ -149,8 +123,7 @@ class ApiClient:
                 response.read()
                 response.close()
                 if not (idempotent and response.status_code in _RETRY_STATUSES and not last):
-                    cls = LeaseLost if lease and response.status_code == 409 else ApiError
-                    raise cls(response.status_code, _detail(response))
+                    raise error_from(response, lease=lease)
             time.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns/raises
 

@@ -1,0 +1,68 @@
+"""What the agent asks of an executor: start one job, hand back its stderr and exit code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One claimed run's job, as the agent laid it out in its per-run workspace."""
+
+    run_id: int | str
+    attempt_dir: Path  # per-run workspace (spec.json inside; result.json and job.log written there)
+    spec_path: Path
+    result_path: Path
+    checkpoint_dir: Path
+    resume: bool
+    max_model_parameters: int | None
+    trace_every_steps: int | None
+    until_epoch: int | None
+    image: str | None  # the image the run pins (None: any)
+
+
+class JobHandle(Protocol):
+    """A started job."""
+
+    failure_reason: str | None  # e.g. "out of memory (limit 2g)" when the executor knows why
+
+    def stderr_lines(self) -> Iterator[str]:
+        """The job's stderr lines (without newline), progress lines included, until it ends."""
+        ...
+
+    def wait(self) -> int:
+        """The exit code, like Popen.returncode (negative: the signal that ended it)."""
+        ...
+
+    def send_signal(self, sig: int) -> None:
+        """SIGTERM: checkpoint at the epoch end, then exit; SIGKILL: now."""
+        ...
+
+    def close(self) -> None:
+        """Release what the job holds (always called, also after a failure)."""
+        ...
+
+
+class Executor(Protocol):
+    """Runs jobs: `process` (a fresh subprocess) or `docker` (a fresh container)."""
+
+    kind: str
+
+    def advertised_images(self) -> list[str]:
+        """The images this worker tells the API it can run."""
+        ...
+
+    def image_provenance(self) -> dict[str, Any] | None:
+        """{"id", "repo_digests", "reference"} of the image jobs run in, or None if unknown."""
+        ...
+
+    def start(self, request: JobRequest) -> JobHandle:
+        """Start the job; it runs until it ends or is signalled."""
+        ...
+
+    def reap_orphans(self) -> None:
+        """Remove what a killed agent left behind (called once when the agent starts)."""
+        ...

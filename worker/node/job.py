@@ -1,0 +1,315 @@
+"""One claimed run on this node: lay out its workspace, start its job, follow it, report.
+
+The agent's own thread reads the job's stderr; beside it a heartbeat thread keeps the lease
+and an upload thread sends checkpoints in the order the job wrote them, so a slow upload
+never stalls training on a full stderr pipe. The final report goes through the outbox.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker.node.client import ApiClient, ApiError, Id, LeaseLost
+from worker.node.executors import Executor, JobHandle, JobRequest
+from worker.node.job_files import (
+    KILL_GRACE_SECONDS,
+    StderrTail,
+    Upload,
+    checkpoint_downloads,
+    checkpoint_uploads,
+    describe_exit,
+)
+from worker.node.reports import Outbox, Report, ReportKind
+from worker.progress import parse_line
+from worker.result import read_result
+
+log = logging.getLogger("reprotrain.agent")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+PROGRESS_SECONDS = 1.0  # at most one progress update a second
+
+
+class Job:
+    """A claimed run's job and the state the agent's threads share about it."""
+
+    def __init__(self, run_id: Id, handle: JobHandle) -> None:
+        self.run_id = run_id
+        self.handle = handle
+        self.progress: dict[str, Any] | None = None
+        self.abandoned = threading.Event()
+        self.ended = threading.Event()  # the job has exited and been waited for
+        self.reported = threading.Event()  # heartbeats stop here
+        self._lock = threading.Lock()
+
+    def abandon(self, why: str) -> None:
+        """Give the run up: stop the job (SIGTERM, then SIGKILL) and report nothing more."""
+        with self._lock:
+            if self.abandoned.is_set():
+                return
+            self.abandoned.set()
+        log.warning("run %s abandoned: %s", self.run_id, why)
+        if self.ended.is_set():
+            return
+        self.handle.send_signal(signal.SIGTERM)
+        if not self.ended.wait(KILL_GRACE_SECONDS):
+            self.handle.send_signal(signal.SIGKILL)
+
+
+# Called with the started job (returns how many stops were requested so far), then with None.
+JobWatcher = Callable[[Job | None], int]
+
+
+class ClaimedRun:
+    """Runs one claim to its final report (which the caller delivers)."""
+
+    def __init__(
+        self,
+        claim: dict[str, Any],
+        *,
+        client: ApiClient,
+        executor: Executor,
+        worker_id: Id,
+        work_dir: Path,
+        stop: threading.Event,
+        watch: JobWatcher,
+        outbox: Outbox,
+        lease_seconds: float,
+        heartbeat_seconds: float,
+    ) -> None:
+        self.claim = claim
+        self.client = client
+        self.executor = executor
+        self.worker_id = worker_id
+        self.work_dir = work_dir
+        self.stop = stop
+        self.watch = watch
+        self.outbox = outbox
+        # The newest checkpoint, while the API has not taken it: the result needs it.
+        self._unsent: Upload | None = None
+        self.lease_seconds = float((claim.get("lease") or {}).get("seconds", lease_seconds))
+        self.heartbeat_seconds = heartbeat_seconds
+        self.run_id: Id = claim["run"]["id"]
+
+    def report(self, kind: ReportKind, **body: Any) -> Report:
+        """A final report about this run from this worker."""
+        return Report(kind=kind, run_id=self.run_id, worker_id=self.worker_id, body=body)
+
+    def execute(self) -> Report | None:
+        """Run the job; the report to deliver, or None if the run was given up (lease lost)."""
+        run = self.claim["run"]
+        attempt = int(run.get("attempt", 1))
+        if not _SAFE_ID.match(str(self.run_id)):  # it becomes a directory name
+            raise ValueError(f"unexpected run id {self.run_id!r}")
+        attempt_dir = self.work_dir / "runs" / str(self.run_id) / f"attempt-{attempt}"
+        shutil.rmtree(attempt_dir, ignore_errors=True)  # leftovers of an agent that died
+        ckpt_dir = attempt_dir / "checkpoints"
+        ckpt_dir.mkdir(parents=True)
+        spec_path = attempt_dir / "spec.json"
+        spec_path.write_text(json.dumps(run["spec"], indent=1))
+        resume = self._fetch_checkpoint(self.claim.get("checkpoint"), ckpt_dir)
+        log.info("run %s attempt %d claimed%s", self.run_id, attempt, " (resuming)" * resume)
+        if self.stop.is_set():  # stopped while downloading: do not start a job only to stop it
+            return self.report("release", reason="worker shutting down")
+        options = self.claim.get("job") or {}
+        request = JobRequest(
+            run_id=self.run_id,
+            attempt_dir=attempt_dir,
+            spec_path=spec_path,
+            result_path=attempt_dir / "result.json",
+            checkpoint_dir=ckpt_dir,
+            resume=resume,
+            max_model_parameters=(self.claim.get("limits") or {}).get("max_model_parameters"),
+            trace_every_steps=options.get("trace_every_steps"),
+            until_epoch=options.get("until_epoch"),
+            image=run.get("image"),
+        )
+        started = time.monotonic()
+        job = Job(self.run_id, self.executor.start(request))
+        try:
+            return self._follow(job, request, started)
+        finally:
+            job.handle.close()
+            shutil.rmtree(ckpt_dir, ignore_errors=True)  # uploaded, or superseded by the API's
+
+    def _follow(self, job: Job, request: JobRequest, started: float) -> Report | None:
+        stops = self.watch(job)
+        if stops:  # asked to stop while the job was being started
+            job.handle.send_signal(signal.SIGKILL if stops > 1 else signal.SIGTERM)
+        uploads: queue.Queue[Upload | None] = queue.Queue()
+        uploader = threading.Thread(target=self._upload_loop, args=(job, uploads), daemon=True)
+        beater = threading.Thread(target=self._heartbeat_loop, args=(job,), daemon=True)
+        uploader.start()
+        beater.start()
+        try:
+            tail = StderrTail()
+            try:
+                self._read_output(job, request, tail, uploads)
+                code = job.handle.wait()
+            except BaseException:
+                job.handle.send_signal(signal.SIGKILL)
+                job.handle.wait()
+                raise
+            finally:
+                job.ended.set()
+                self.watch(None)
+                uploads.put(None)
+                uploader.join()  # every checkpoint is in before the run is reported
+            return self._final_report(job, code, request, tail, time.monotonic() - started)
+        finally:
+            # Heartbeats go on until here (uploads can outlast the job); from here on the
+            # courier keeps the lease while the report waits.
+            job.reported.set()
+            beater.join()
+
+    def _fetch_checkpoint(self, offer: dict[str, Any] | None, directory: Path) -> bool:
+        if not offer:
+            return False
+        try:
+            for entry in checkpoint_downloads(offer["files"]):
+                name, digest = str(entry["name"]), str(entry["sha256"])
+                self.client.download_artifact(entry["artifact_id"], directory / name, sha256=digest)
+        except (ApiError, OSError, ValueError, KeyError, TypeError) as exc:
+            # Training from the start gives the same bits as resuming, only later.
+            log.warning("run %s: offered checkpoint unusable (%s); starting over", self.run_id, exc)
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            return False
+        return True
+
+    def _read_output(
+        self,
+        job: Job,
+        request: JobRequest,
+        tail: StderrTail,
+        uploads: queue.Queue[Upload | None],
+    ) -> None:
+        with open(request.attempt_dir / "job.log", "w", encoding="utf-8") as job_log:
+            for line in job.handle.stderr_lines():
+                event = parse_line(line)
+                if event is None:
+                    tail.add(line)
+                    job_log.write(line + "\n")
+                    continue
+                job.progress = event
+                if event["event"] == "checkpoint" and not job.abandoned.is_set():
+                    try:
+                        uploads.put(checkpoint_uploads(request.checkpoint_dir, event))
+                    except ValueError as exc:
+                        log.warning("run %s: %s", job.run_id, exc)
+
+    def _upload_loop(self, job: Job, uploads: queue.Queue[Upload | None]) -> None:
+        while (item := uploads.get()) is not None:
+            epoch, *paths = item
+            if job.abandoned.is_set():
+                continue
+            try:
+                for path in paths:  # npz first: the API counts a checkpoint once its json is in
+                    self.client.upload_artifact(
+                        job.run_id,
+                        self.worker_id,
+                        path,
+                        kind="checkpoint",
+                        name=path.name,
+                        epoch=epoch,
+                    )
+                log.debug("run %s: checkpoint of epoch %d uploaded", job.run_id, epoch)
+                self._unsent = None
+            except LeaseLost as exc:
+                job.abandon(f"lease lost while uploading ({exc.detail})")
+            except (ApiError, OSError) as exc:  # a later resume starts from an older checkpoint
+                log.warning(
+                    "run %s: checkpoint of epoch %d not uploaded: %s", job.run_id, epoch, exc
+                )
+                if isinstance(exc, ApiError) and exc.retryable:
+                    self._unsent = item
+
+    def _heartbeat_loop(self, job: Job) -> None:
+        # Heartbeats keep the lease every `heartbeat_seconds`; new progress goes out sooner
+        # (at most once a second) so progress bars and event streams stay live.
+        deadline = time.monotonic() + self.lease_seconds
+        due = time.monotonic() + self.heartbeat_seconds
+        sent_progress: dict[str, Any] | None = None
+        while not job.reported.wait(PROGRESS_SECONDS) and not job.abandoned.is_set():
+            progress = job.progress
+            if time.monotonic() < due and progress is sent_progress:
+                continue
+            sent = time.monotonic()
+            try:
+                self.client.heartbeat(job.run_id, self.worker_id, progress)
+            except LeaseLost as exc:
+                job.abandon(f"lease lost ({exc.detail})")
+                return
+            except ApiError as exc:
+                if not exc.retryable:
+                    job.abandon(f"heartbeat refused: {exc}")
+                    return
+                # Once the job has ended its result is worth keeping whatever the lease:
+                # the server says whether it still takes it.
+                if time.monotonic() >= deadline and not job.ended.is_set():
+                    job.abandon(f"lease expired while the API was unreachable ({exc})")
+                    return
+                log.warning("run %s: heartbeat failed (%s); retrying", job.run_id, exc)
+                continue
+            except Exception:  # never let a bug end the heartbeats silently
+                log.exception("run %s: heartbeat thread error", job.run_id)
+                continue
+            deadline, due, sent_progress = (
+                sent + self.lease_seconds,
+                sent + self.heartbeat_seconds,
+                progress,
+            )
+
+    def _final_report(
+        self, job: Job, code: int, request: JobRequest, tail: StderrTail, seconds: float
+    ) -> Report | None:
+        if job.abandoned.is_set():
+            return None
+        try:
+            result = read_result(request.result_path)
+        except (OSError, ValueError) as exc:
+            if self.stop.is_set():  # we stopped it before it could write a result
+                return self.report("release", reason="worker shutting down")
+            how = describe_exit(code)
+            if job.handle.failure_reason:
+                how += f" ({job.handle.failure_reason})"
+            log.info("run %s crashed: %s, no result document", self.run_id, how)
+            return self.report(
+                "fail",
+                error={
+                    "type": "JobCrashed",
+                    "message": f"the job ended with {how} "
+                    f"without a readable result document ({exc})",
+                    "traceback": tail.text(),
+                },
+            )
+        log.info("run %s %s after %.1f s", self.run_id, result.status, seconds)
+        if result.status == "interrupted":
+            reason = "worker shutting down" if self.stop.is_set() else "job interrupted"
+            return self.report("release", reason=reason)
+        return self.report(
+            "complete", result=result.model_dump(mode="json"), uploads=self._keep_unsent()
+        )
+
+    def _keep_unsent(self) -> list[dict[str, Any]]:
+        """Move the final checkpoint the API has not taken to the outbox, to send later."""
+        if self._unsent is None:
+            return []
+        epoch, *paths = self._unsent
+        keep = self.outbox.files_dir(self.run_id)
+        keep.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in paths:  # same file system: a rename, not a copy
+            os.replace(path, keep / path.name)
+        log.info(
+            "run %s: checkpoint of epoch %d kept to upload with the result", self.run_id, epoch
+        )
+        return [{"file": path.name, "epoch": epoch} for path in paths]

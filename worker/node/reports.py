@@ -1,0 +1,267 @@
+"""A worker never loses a finished result: final reports wait on local disk until taken.
+
+A report (complete, fail or release) is first written to the outbox in the agent's work
+directory, atomically and durably, and only then sent. A result is verified by the API
+against the final checkpoint, so a final checkpoint the API has not taken yet waits beside
+the report and is uploaded before it. It leaves the outbox when the API
+accepts it, or refuses it for good (the lease is gone, the run is gone); on 429, a 5xx or
+a dropped connection it stays and is sent again with backoff, also by the next agent
+started on the same work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from worker.node.client import ApiClient, ApiError, Id, LeaseLost
+
+log = logging.getLogger("reprotrain.agent")
+
+ReportKind = Literal["complete", "fail", "release"]
+Outcome = Literal["accepted", "refused", "kept"]
+MAX_BACKOFF = 30.0  # seconds between attempts while the API cannot take a report
+# Answers after which sending the same report again cannot succeed: the lease or the run is
+# gone, or the report itself is unacceptable. Anything else (401 included: a token can be
+# fixed by an operator) keeps the report.
+_REFUSALS = frozenset({400, 403, 404, 409, 410, 413, 422})
+_ENTRY = re.compile(r"^run-([A-Za-z0-9_-]{1,100})\.json$")
+
+
+@dataclass(frozen=True)
+class Report:
+    """A final report about a run, as the worker that held it would send it."""
+
+    kind: ReportKind
+    run_id: Id
+    worker_id: Id
+    # complete: {"result", "uploads"}, fail: {"error"}, release: {"reason"}; "uploads" lists
+    # the files ({"file", "epoch"}) in the outbox's files directory to upload before it.
+    body: dict[str, Any]
+
+    def send(self, client: ApiClient) -> None:
+        """Send it once; ApiError as the API answers."""
+        if self.kind == "complete":
+            client.complete(self.run_id, self.worker_id, self.body["result"])
+        elif self.kind == "fail":
+            client.fail(self.run_id, self.worker_id, self.body["error"])
+        else:
+            client.release(self.run_id, self.worker_id, str(self.body["reason"]))
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename or unlink is durable only once the directory entry is on disk too.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Outbox:
+    """Reports not yet taken by the API, one file per run: `run-<id>.json`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path(self, run_id: Id) -> Path:
+        """Where the report about `run_id` waits."""
+        name = f"run-{run_id}.json"
+        if _ENTRY.match(name) is None:  # the id becomes a file name
+            raise ValueError(f"unexpected run id {run_id!r}")
+        return self.directory / name
+
+    def files_dir(self, run_id: Id) -> Path:
+        """Where files that must reach the API before the run's report wait."""
+        return self.path(run_id).with_suffix(".files")
+
+    def put(self, report: Report) -> Path:
+        """Store the report durably (a crash leaves the old file or the new one, never half)."""
+        path = self.path(report.run_id)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(asdict(report), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.directory)
+        return path
+
+    def remove(self, report: Report) -> None:
+        """Forget the report and its files (it was taken, or refused for good)."""
+        path = self.path(report.run_id)
+        shutil.rmtree(self.files_dir(report.run_id), ignore_errors=True)
+        if path.exists():
+            path.unlink(missing_ok=True)
+            _fsync_dir(self.directory)
+
+    def pending(self) -> list[Report]:
+        """The stored reports, oldest first; an unreadable file is set aside and logged."""
+        if not self.directory.is_dir():
+            return []
+        found: list[tuple[float, Report]] = []
+        for path in self.directory.iterdir():
+            if _ENTRY.match(path.name) is None:
+                continue
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                report = Report(
+                    kind=data["kind"],
+                    run_id=data["run_id"],
+                    worker_id=data["worker_id"],
+                    body=dict(data["body"]),
+                )
+                if report.kind not in ("complete", "fail", "release"):
+                    raise ValueError(f"unknown report kind {report.kind!r}")
+                found.append((path.stat().st_mtime, report))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                # put() never leaves a partial file, so this is damage from elsewhere: keep
+                # the bytes for a person to look at, out of the way of the next start.
+                log.error("outbox file %s is unreadable (%s); moved aside", path, exc)
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_name(path.name + ".unreadable"))
+        return [report for _, report in sorted(found, key=lambda item: item[0])]
+
+
+class Courier:
+    """Delivers reports through the outbox, retrying until the API takes or refuses them.
+
+    While a report waits it keeps the run's lease with heartbeats as the worker that holds
+    it, so an API that is briefly down or busy costs nothing but time.
+    """
+
+    def __init__(
+        self,
+        client: ApiClient,
+        outbox: Outbox,
+        *,
+        stop: threading.Event,
+        heartbeat_seconds: float = 10.0,
+        first_backoff: float = 0.5,
+        max_backoff: float = MAX_BACKOFF,
+    ) -> None:
+        self.client = client
+        self.outbox = outbox
+        self.stop = stop
+        self.heartbeat_seconds = heartbeat_seconds
+        self.first_backoff = first_backoff
+        self.max_backoff = max_backoff
+
+    def deliver(self, report: Report, *, stored: bool = False) -> Outcome:
+        """Store the report (unless `stored`), then send it until it is taken or refused.
+
+        Returns "kept" only when the agent is stopping: the report stays in the outbox and
+        the next agent on this work directory sends it.
+        """
+        if not stored:
+            self.outbox.put(report)
+        delay = self.first_backoff
+        beat = time.monotonic() + self.heartbeat_seconds
+        while True:
+            try:
+                report = self._upload_files(report)
+                report.send(self.client)
+            except ApiError as exc:
+                if exc.status_code in _REFUSALS:
+                    self._refused(report, exc)
+                    return "refused"
+                if self.stop.is_set():
+                    log.warning(
+                        "run %s: %s not delivered (%s); kept in %s for the next start",
+                        report.run_id,
+                        report.kind,
+                        exc,
+                        self.outbox.path(report.run_id),
+                    )
+                    return "kept"
+                # The server's Retry-After when it gave one (429, 503), else our backoff.
+                wait = exc.retry_after if exc.retry_after is not None else delay
+                log.warning(
+                    "run %s: %s not delivered (%s); next try in %.1f s",
+                    report.run_id,
+                    report.kind,
+                    exc,
+                    wait,
+                )
+                beat = self._pause(report, wait, beat)
+                delay = min(delay * 2, self.max_backoff)
+                continue
+            self.outbox.remove(report)
+            log.info("run %s: %s delivered", report.run_id, report.kind)
+            return "accepted"
+
+    def deliver_pending(self) -> int:
+        """Send what an earlier agent on this work directory left; the number taken."""
+        taken = 0
+        for report in self.outbox.pending():
+            if self.stop.is_set():
+                break
+            log.info("run %s: sending the %s kept from before", report.run_id, report.kind)
+            taken += self.deliver(report, stored=True) == "accepted"
+        return taken
+
+    def _upload_files(self, report: Report) -> Report:
+        """Upload the files the report needs, each taken off the stored report once sent."""
+        files = list(report.body.get("uploads") or [])
+        while files:
+            item = files[0]
+            path = self.outbox.files_dir(report.run_id) / Path(str(item["file"])).name
+            try:
+                self.client.upload_artifact(
+                    report.run_id,
+                    report.worker_id,
+                    path,
+                    kind="checkpoint",
+                    name=path.name,
+                    epoch=int(item["epoch"]),
+                )
+            except OSError as exc:  # gone from disk: the API records the run without it
+                log.error("run %s: cannot upload %s: %s", report.run_id, path, exc)
+            files.pop(0)
+            report = replace(report, body={**report.body, "uploads": files})
+            self.outbox.put(report)
+        return report
+
+    def _refused(self, report: Report, exc: ApiError) -> None:
+        why = "the lease is gone" if isinstance(exc, LeaseLost) else "refused for good"
+        log.error(
+            "run %s: the API will not take the %s of worker %s (%s): %s; the report is dropped",
+            report.run_id,
+            report.kind,
+            report.worker_id,
+            why,
+            exc,
+        )
+        self.outbox.remove(report)
+
+    def _pause(self, report: Report, seconds: float, beat: float) -> float:
+        """Wait `seconds` (less if stopping), heartbeating the run as its holder when `beat`
+        comes; returns when the next heartbeat is due."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if time.monotonic() >= beat:
+                beat = time.monotonic() + self.heartbeat_seconds
+                try:
+                    self.client.heartbeat(report.run_id, report.worker_id, None)
+                except LeaseLost:
+                    break  # the report itself now gets the definitive answer
+                except ApiError as exc:  # 429/5xx: the server keeps the lease a while anyway
+                    log.debug("run %s: heartbeat while waiting failed: %s", report.run_id, exc)
+            if self.stop.wait(min(left, max(beat - time.monotonic(), 0.01))):
+                break
+        return beat
