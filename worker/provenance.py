@@ -273,9 +273,15 @@ def capture_provenance(
             "git_commit": commit,
             "git_dirty": dirty,
         },
+        # Set by whoever started the job in an image: the docker executor, or the operator
+        # of a pod whose image is pinned by digest.
         "image": {
             "reference": os.environ.get("REPRO_IMAGE_REF") or None,
             "digest": os.environ.get("REPRO_IMAGE_DIGEST") or None,
+            "id": os.environ.get("REPRO_IMAGE_ID") or None,
+            "repo_digests": [
+                d for d in os.environ.get("REPRO_IMAGE_REPO_DIGESTS", "").split(",") if d
+            ],
             "in_container": _probe(errors, "image.in_container", _in_container, None),
         },
         "python": {
@@ -317,7 +323,9 @@ def capture_provenance(
 # Fields whose change can alter the bits a training run produces, with why (first match
 # wins; a prefix ending in "." covers the whole section).
 _BREAKING: tuple[tuple[str, str], ...] = (
+    ("image.id", "another container image: every library in it may differ"),
     ("image.digest", "another container image: every library in it may differ"),
+    ("image.repo_digests.", "another container image: every library in it may differ"),
     ("image.reference", "another container image: every library in it may differ"),
     ("package.", "another version of the training code"),
     ("libraries.", "another library version: kernels and defaults change between releases"),

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The Docker engine and the project's images, for the tests that run containers
+# (the Docker executor, the compose stack).
+#
+# Idempotent: installs docker.io, docker-compose (v1) and debootstrap when missing, starts
+# dockerd when no engine answers, makes the Debian base image once (no registry is needed:
+# debootstrap + `docker import`), then builds the CPU worker, API and PostgreSQL images
+# through docker/build.sh (the build cache makes a repeat cheap). Not root: does nothing
+# and the Docker tests skip (and fail under CI=true).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "docker-deps: $*"; }
+start=$SECONDS
+
+# Debian's client: the one that builds with BuildKit here (another `docker` earlier on PATH
+# may lack buildx).
+DOCKER=/usr/bin/docker
+BASE_IMAGE="${REPRO_BASE_IMAGE:-reprotrain-base:bookworm}"
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    say "not root, so not installing or starting Docker; the Docker tests will skip"
+    exit 0
+fi
+
+missing=()
+[[ -x /usr/sbin/dockerd ]] || missing+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+if ((${#missing[@]})); then
+    log="$(mktemp)"
+    if ! {
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                "${missing[@]}"
+    } >"$log" 2>&1; then
+        cat "$log" >&2
+        say "FAILED to install ${missing[*]} (apt output above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
+    say "installed ${missing[*]}"
+fi
+
+if ! "$DOCKER" info >/dev/null 2>&1; then
+    # No init system starts services here; the daemon outlives this script on purpose
+    # so the tests (and later runs) find it.
+    nohup /usr/sbin/dockerd >/var/log/dockerd.log 2>&1 &
+    for _ in $(seq 1 60); do
+        if "$DOCKER" info >/dev/null 2>&1; then break; fi
+        sleep 1
+    done
+    if ! "$DOCKER" info >/dev/null 2>&1; then
+        tail -n 40 /var/log/dockerd.log >&2 || true
+        say "FAILED: dockerd did not answer within 60 s (log above)" >&2
+        exit 1
+    fi
+    say "started dockerd"
+fi
+
+if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    rootfs="$(mktemp -d)"
+    trap 'rm -rf "$rootfs"' EXIT
+    log="$(mktemp)"
+    if ! debootstrap --variant=minbase bookworm "$rootfs" >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        say "FAILED: debootstrap bookworm (log above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
+    # Smaller and free of the host's apt lists; the images run apt-get update themselves.
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | "$DOCKER" import \
+        --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' - "$BASE_IMAGE" >/dev/null
+    rm -rf "$rootfs"
+    trap - EXIT
+    say "made the base image $BASE_IMAGE with debootstrap ($((SECONDS - start)) s so far)"
+fi
+
+bash docker/build.sh --base "$BASE_IMAGE" cpu api postgres
+say "done in $((SECONDS - start)) s"

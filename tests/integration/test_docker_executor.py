@@ -1,0 +1,352 @@
+"""The docker executor through a real API and real agents: each job in a fresh container of
+the CPU worker image built from docker/ (docker/build.sh), on a real Docker engine.
+
+Runs only where an engine answers and the image is built; REPRO_TEST_WORKER_IMAGE names
+another image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.jobs import job_env
+from tests.integration.service_procs import Service, _cli
+
+docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+IMAGE = os.environ.get("REPRO_TEST_WORKER_IMAGE", "reprotrain-worker-cpu:0.1.0")
+RUN_LABEL = "org.reprotrain.run"
+MEMORY = "800m"
+
+SMALL = """
+name: docker-small
+seed: 42
+dataset:
+  generator: gaussian_blobs
+  params: {num_features: 4, num_classes: 2, center_scale: 0, spread: 1.0}
+  batch_size: 16
+  train_batches: 7
+model: {architecture: mlp, params: {hidden: [8], activation: relu}}
+training:
+  epochs: 3
+  optimizer: {name: adam, params: {learning_rate: 0.001}}
+  loss: {name: sparse_categorical_crossentropy, params: {from_logits: true}}
+"""
+# Epochs of a second or more, so that a stop sent after the first lands well before the last.
+LONGER = """
+name: docker-longer
+seed: 7
+dataset:
+  generator: gaussian_blobs
+  params: {num_features: 64, num_classes: 2}
+  batch_size: 256
+  train_batches: 100
+model: {architecture: mlp, params: {hidden: [512, 512], activation: relu}}
+training:
+  epochs: 5
+  optimizer: {name: adam, params: {learning_rate: 0.001}}
+  loss: {name: sparse_categorical_crossentropy, params: {from_logits: true}}
+"""
+# About 85 million parameters: over a GB with the optimizer's slots, beyond MEMORY.
+TOO_BIG = """
+name: docker-too-big
+seed: 1
+dataset:
+  generator: gaussian_blobs
+  params: {num_features: 2048, num_classes: 2}
+  batch_size: 8
+  train_batches: 1
+model: {architecture: mlp, params: {hidden: [8192, 8192]}}
+training:
+  epochs: 1
+  optimizer: {name: adam}
+  loss: {name: sparse_categorical_crossentropy, params: {from_logits: true}}
+"""
+
+
+def _engine() -> Any:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        pytest.skip(f"no Docker engine is reachable ({exc})")
+    return client
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    client = _engine()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def image_id(engine: Any) -> str:
+    try:
+        return str(engine.images.get(IMAGE).id)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"image {IMAGE} is not built (docker/build.sh --base IMAGE cpu)")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, image_id: str) -> Iterator[Service]:
+    data = tmp_path_factory.mktemp("docker-api") / "data"
+    env = {"REPRO_LEASE_SECONDS": "8", "REPRO_HEARTBEAT_SECONDS": "2"}
+    svc = Service(data, env=env, extra=("--no-demo",)).wait_ready()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+class Agent:
+    """`repro worker` in its own process, with the executor and options given."""
+
+    def __init__(
+        self, service: Service, work_dir: Path, *options: str, token: str | None = None
+    ) -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.log = work_dir / f"agent-{time.monotonic_ns()}.log"
+        self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        name = f"{work_dir.parent.name}-{work_dir.name}"  # worker names are unique
+        self.token = token or service.token("worker", name)
+        args = ["--api", service.url, "--token", self.token]
+        args += ["--name", name, "--work-dir", str(work_dir), "--poll", "0.2"]
+        self.proc = subprocess.Popen(
+            _cli("worker", *args, *options),
+            env=job_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def worker_id(self, timeout: float = 60) -> int:
+        """The id the API gave this agent (once it has registered)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r"registered as worker (\d+)", self.log.read_text())
+            if found:
+                return int(found.group(1))
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.1)
+        raise TimeoutError(self.log.read_text())
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=90)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def docker_agent(service: Service, work_dir: Path, token: str | None = None) -> Agent:
+    options = ("--executor", "docker", "--image", IMAGE, "--memory", MEMORY)
+    return Agent(service, work_dir, *options, token=token)
+
+
+def pinned(spec: str, image: str) -> str:
+    return spec + f"environment: {{image: '{image}'}}\n"
+
+
+def submit(service: Service, spec: str) -> int:
+    created = service.submit(spec)
+    assert created.status_code == 201, created.text
+    return int(created.json()["run"]["id"])
+
+
+def wait_for(service: Service, run_id: int, check: Any, timeout: float = 180) -> dict[str, Any]:
+    """The run once `check(run)` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = service.client.get(f"/api/v1/runs/{run_id}").json()
+        if check(run):
+            return run
+        time.sleep(0.2)
+    raise TimeoutError(f"run {run_id}: {run['status']} {run.get('progress')}")
+
+
+def run_containers(engine: Any, run_id: int) -> list[Any]:
+    return list(engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}))
+
+
+def test_container_job_equals_process_job_and_its_image_is_provenance(
+    service: Service, image_id: str, tmp_path: Path
+) -> None:
+    # Cross-executor reproducibility: the same spec in a fresh process and in a container.
+    process_agent = service.worker(tmp_path / "process")
+    container_agent: Agent | None = None
+    try:
+        by_process = service.wait_run(submit(service, SMALL))
+        assert by_process["status"] == "succeeded", by_process["error"]
+        container_agent = docker_agent(service, tmp_path / "docker")
+        docker_wid = container_agent.worker_id()
+        by_container = service.wait_run(submit(service, pinned(SMALL, image_id)))
+        assert by_container["status"] == "succeeded", by_container["error"]
+        assert by_container["worker_id"] == docker_wid
+        assert by_container["final_fingerprint"] == by_process["final_fingerprint"]
+        image = by_container["provenance"]["image"]
+        assert image["id"] == image_id  # what the engine ran, as it names it
+        assert image["reference"] == IMAGE and image["in_container"] is True
+        assert by_process["provenance"]["image"]["id"] is None
+
+        # A rerun pins the image its original ran: no other worker may take it.
+        container_agent.stop()
+        rerun = service.client.post(f"/api/v1/runs/{by_container['id']}/rerun")
+        assert rerun.status_code == 202, rerun.text
+        rerun_id = int(rerun.json()["id"])
+        assert rerun.json()["required_image"] == image_id
+        waiting = wait_for(service, rerun_id, lambda r: r["waiting_reason"] is not None, 60)
+        assert waiting["status"] == "queued" and image_id in waiting["waiting_reason"]
+        # The process worker is live and idle all along, and has not taken it.
+        assert process_agent.proc.poll() is None
+        container_agent = docker_agent(service, tmp_path / "docker-again")
+        again_wid = container_agent.worker_id()
+        done = service.wait_run(rerun_id)
+        assert done["status"] == "succeeded" and done["worker_id"] == again_wid
+        assert done["verdict"] == "identical"
+        assert done["final_fingerprint"] == by_process["final_fingerprint"]
+    finally:
+        if container_agent is not None:
+            container_agent.stop()
+        process_agent.stop()
+
+
+def test_job_over_its_memory_limit_fails_saying_so(
+    service: Service, image_id: str, tmp_path: Path
+) -> None:
+    agent = docker_agent(service, tmp_path / "docker")
+    try:
+        agent.worker_id()
+        run = service.wait_run(submit(service, pinned(TOO_BIG, image_id)))
+        assert run["status"] == "failed"
+        assert f"out of memory (limit {MEMORY})" in run["error"]["message"], run["error"]
+        assert agent.proc.poll() is None  # the worker goes on
+    finally:
+        agent.stop()
+
+
+def test_sigterm_checkpoints_releases_and_another_worker_resumes_identically(
+    service: Service, engine: Any, image_id: str, tmp_path: Path
+) -> None:
+    first = docker_agent(service, tmp_path / "first")
+    later: Agent | None = None
+    try:
+        run_id = submit(service, pinned(LONGER, image_id))
+        wait_for(service, run_id, lambda r: (r["checkpoint_epoch"] or 0) >= 1)
+        first.signal(signal.SIGTERM)  # mid-job: it ends the epoch, checkpoints, releases
+        assert first.proc.returncode == 0
+        released = service.client.get(f"/api/v1/runs/{run_id}").json()
+        assert released["status"] == "queued" and released["checkpoint_epoch"] >= 1
+        assert run_containers(engine, run_id) == []  # removed, not left behind
+        later = docker_agent(service, tmp_path / "later")
+        resumed = service.wait_run(run_id)
+        assert resumed["status"] == "succeeded", resumed["error"]
+        assert resumed["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
+        # An uninterrupted run of the same spec and seed ends with the same bits.
+        rerun = service.client.post(f"/api/v1/runs/{run_id}/rerun").json()
+        straight = service.wait_run(int(rerun["id"]))
+        assert straight["verdict"] == "identical"
+        assert straight["final_fingerprint"] == resumed["final_fingerprint"]
+    finally:
+        first.stop()
+        if later is not None:
+            later.stop()
+
+
+def test_sigkilled_agents_container_is_reaped_when_the_agent_starts_again(
+    service: Service, engine: Any, image_id: str, tmp_path: Path
+) -> None:
+    work_dir = tmp_path / "docker"
+    agent = docker_agent(service, work_dir)
+    run_id = submit(service, pinned(LONGER, image_id))
+    wait_for(service, run_id, lambda r: r["status"] == "running" and r["progress"])
+    agent.signal(signal.SIGKILL)
+    orphans = run_containers(engine, run_id)
+    assert len(orphans) == 1  # the job outlived its agent
+    agent.stop()
+    again = docker_agent(service, work_dir, token=agent.token)  # the same worker, restarted
+    try:
+        again.worker_id()  # it reaps before it registers
+        left = {c.id for c in run_containers(engine, run_id)}
+        assert orphans[0].id not in left
+    finally:
+        service.client.post(f"/api/v1/runs/{run_id}/cancel")
+        again.stop()
+
+
+def test_a_run_pinned_by_tag_alone_is_refused_unless_the_operator_allows_tags(
+    image_id: str,
+) -> None:
+    from worker.node.executors.docker import DockerExecutor, ImageRefused
+
+    strict = DockerExecutor(images=[IMAGE])
+    assert strict.image_for(image_id).id == image_id
+    assert strict.image_for(None).id == image_id  # a run that pins nothing: the first image
+    with pytest.raises(ImageRefused, match="tag without a digest"):
+        strict.image_for(IMAGE)
+    assert IMAGE not in strict.advertised_images()
+    with pytest.raises(ImageRefused, match="not one of this worker's images"):
+        strict.image_for("sha256:" + "0" * 64)
+    lenient = DockerExecutor(images=[IMAGE], allow_tag=True)
+    assert lenient.image_for(IMAGE).id == image_id
+    assert {image_id, IMAGE} <= set(lenient.advertised_images())
+
+
+def test_a_job_past_its_deadline_is_stopped_in_its_locked_down_container(
+    engine: Any, image_id: str, tmp_path: Path
+) -> None:
+    from worker.node.executors.base import JobRequest
+    from worker.node.executors.docker import DockerExecutor
+
+    executor = DockerExecutor(images=[image_id], memory=MEMORY, cpus=1.5, pids=256, deadline=2)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "spec.json").write_text(json.dumps(yaml.safe_load(LONGER)))
+    request = JobRequest(
+        run_id="deadline",
+        attempt_dir=tmp_path,
+        spec_path=tmp_path / "spec.json",
+        result_path=tmp_path / "result.json",
+        checkpoint_dir=tmp_path / "checkpoints",
+        resume=False,
+        max_model_parameters=None,
+        trace_every_steps=None,
+        until_epoch=None,
+        image=image_id,
+    )
+    job = executor.start(request)
+    try:
+        host = job.container.attrs["HostConfig"]
+        assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+        assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+        assert (host["Memory"], host["NanoCpus"], host["PidsLimit"]) == (800 << 20, 15 * 10**8, 256)
+        assert job.container.attrs["Config"]["User"] not in ("", "0", "root")
+        assert job.container.attrs["Image"] == image_id
+        list(job.stderr_lines())
+        assert job.wait() != 0
+        assert job.failure_reason is not None and "deadline exceeded" in job.failure_reason
+        assert not request.result_path.exists()  # so the run fails instead of being requeued
+    finally:
+        job.close()
+    with pytest.raises(docker.errors.NotFound):
+        engine.containers.get(job.container.id)

@@ -1,0 +1,362 @@
+"""The images' recipes and locks, and the compose and Kubernetes deployments, checked offline.
+
+Renders both kustomize overlays with `kubectl kustomize` and validates them against the
+Kubernetes schemas; reads the rendered objects for what an operator relies on (GPUs
+requested, images pinned by digest, pods non-root on a read-only root, probes, scaling);
+validates the compose files against the compose-spec schema; lints the Dockerfiles and
+YAML; and checks that the hashed locks pin the tested CUDA/cuDNN set and still satisfy
+pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+LOCKS = DOCKER / "locks"
+COMPOSE = ROOT / "deploy" / "compose"
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+OVERLAYS = ("cpu", "gpu")
+DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+# The CUDA/cuDNN wheel set TensorFlow 2.21 was built and tested with (CUDA 12.5, cuDNN 9.3).
+TESTED_GPU_SET = {
+    "tensorflow": "2.21.0",
+    "nvidia-cublas-cu12": "12.5.3.2",
+    "nvidia-cuda-cupti-cu12": "12.5.82",
+    "nvidia-cuda-nvcc-cu12": "12.5.82",
+    "nvidia-cuda-nvrtc-cu12": "12.5.82",
+    "nvidia-cuda-runtime-cu12": "12.5.82",
+    "nvidia-cudnn-cu12": "9.3.0.75",
+    "nvidia-cufft-cu12": "11.2.3.61",
+    "nvidia-curand-cu12": "10.3.6.82",
+    "nvidia-cusolver-cu12": "11.6.3.83",
+    "nvidia-cusparse-cu12": "12.5.1.3",
+    "nvidia-nccl-cu12": "2.27.7",
+    "nvidia-nvjitlink-cu12": "12.5.82",
+}
+
+
+def _tool(name: str) -> str:
+    """A command-line tool from this interpreter's environment (the `deploy` extra)."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is missing: install the project with its 'deploy' extra")
+    return found
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+
+
+# --- Kubernetes -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def overlay(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(overlay name, its rendered YAML)."""
+    kubectl = _tool("kubectl")  # renders the kustomize overlays
+    name = str(request.param)
+    out = _run(kubectl, "kustomize", str(KUBERNETES / "overlays" / name))
+    assert out.returncode == 0, out.stderr
+    return name, out.stdout
+
+
+def _objects(rendered: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def _pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
+            yield f"{obj['kind']}/{obj['metadata']['name']}", obj["spec"]["template"]["spec"]
+
+
+def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def _one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def test_overlays_pass_strict_kubernetes_schema_validation(
+    overlay: tuple[str, str], tmp_path: Path
+) -> None:
+    name, rendered = overlay
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(rendered)
+    out = _run(_tool("kubernetes-validate"), "--strict", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    # Only KEDA's custom resource has no bundled schema; everything else must have passed.
+    unchecked = [
+        line for line in lines if not line.startswith("INFO") and "ScaledObject" not in line
+    ]
+    assert not unchecked, "\n".join(lines)
+    passed = {line.split("resource ")[1].split(" ")[0] for line in lines if "passed" in line}
+    assert {
+        "deployment/reprotrain-api",
+        "deployment/reprotrain-worker",
+        "job/reprotrain-migrate",
+        "service/reprotrain-api",
+    } <= passed
+
+
+def test_every_image_is_pinned_by_digest(overlay: tuple[str, str]) -> None:
+    _, rendered = overlay
+    images = {
+        where: c["image"] for where, pod in _pod_specs(_objects(rendered)) for c in _containers(pod)
+    }
+    assert images
+    unpinned = {where: image for where, image in images.items() if not DIGEST.match(image)}
+    assert not unpinned
+
+
+def test_worker_advertises_the_image_it_runs(overlay: tuple[str, str]) -> None:
+    objects = _objects(overlay[1])
+    (worker,) = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert "--image=$(REPRO_WORKER_IMAGE)" in worker["args"]
+    assert "--executor=process" in worker["args"]
+    assert env["REPRO_WORKER_IMAGE"] == worker["image"]
+    assert DIGEST.match(worker["image"])
+
+
+def test_every_pod_is_non_root_with_a_read_only_root(overlay: tuple[str, str]) -> None:
+    pods = dict(_pod_specs(_objects(overlay[1])))
+    assert {
+        "Deployment/reprotrain-api",
+        "Deployment/reprotrain-worker",
+        "Job/reprotrain-migrate",
+    } <= set(pods)
+    for where, pod in pods.items():
+        pod_ctx = pod.get("securityContext", {})
+        assert pod_ctx.get("runAsNonRoot") is True, where
+        assert pod_ctx.get("runAsUser", 0) != 0, where
+        assert pod_ctx.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+        assert pod.get("automountServiceAccountToken") is False, where
+        for c in _containers(pod):
+            ctx = c.get("securityContext", {})
+            assert ctx.get("readOnlyRootFilesystem") is True, (where, c["name"])
+            assert ctx.get("allowPrivilegeEscalation") is False, (where, c["name"])
+            assert ctx.get("capabilities", {}).get("drop") == ["ALL"], (where, c["name"])
+            assert not ctx.get("privileged", False), (where, c["name"])
+
+
+def test_gpu_workers_request_gpus_and_cpu_workers_do_not(overlay: tuple[str, str]) -> None:
+    name, rendered = overlay
+    objects = _objects(rendered)
+    worker_pod = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]["spec"]
+    gpu_containers = [
+        c for _, pod in _pod_specs(objects) for c in _containers(pod) if "gpu" in c["image"]
+    ]
+    requested = [
+        int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        for _, pod in _pod_specs(objects)
+        for c in _containers(pod)
+    ]
+    if name == "gpu":
+        assert gpu_containers
+        for c in gpu_containers:
+            assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1, c["name"]
+        assert worker_pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+            worker_pod["tolerations"]
+        )
+    else:
+        assert not gpu_containers
+        assert not any(requested)
+        assert "nodeSelector" not in worker_pod
+
+
+def test_workers_get_time_to_checkpoint_on_termination(overlay: tuple[str, str]) -> None:
+    objects = _objects(overlay[1])
+    pod = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= 300
+
+
+def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
+    objects = _objects(overlay[1])
+    (api,) = _one(objects, "Deployment", "reprotrain-api")["spec"]["template"]["spec"]["containers"]
+    assert api["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    secret_refs = {
+        (c["name"], e["name"]): e["valueFrom"]["secretKeyRef"]["name"]
+        for _, pod in _pod_specs(objects)
+        for c in _containers(pod)
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert secret_refs == {
+        ("api", "REPRO_DATABASE_URL"): "reprotrain-database",
+        ("migrate", "REPRO_DATABASE_URL"): "reprotrain-database",
+        # Workers hold a worker token, never the database's credentials.
+        ("worker", "REPRO_TOKEN"): "reprotrain-worker-token",
+    }
+    # Created by the operator, never kept (with a placeholder) in the repository.
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    migrate = _one(objects, "Job", "reprotrain-migrate")["spec"]["template"]["spec"]
+    assert migrate["containers"][0]["args"] == ["db", "upgrade"]
+    assert not any(pod.get("initContainers") for _, pod in _pod_specs(objects))
+
+
+def test_workers_scale_on_queued_plus_running_runs(overlay: tuple[str, str]) -> None:
+    objects = _objects(overlay[1])
+    scaled = _one(objects, "ScaledObject", "reprotrain-worker")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "reprotrain-worker"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    query = trigger["metadata"]["query"]
+    assert "reprotrain_runs" in query and "queued|running" in query
+    assert trigger["metadata"]["threshold"] == "1"
+    template = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]
+    assert "controller.kubernetes.io/pod-deletion-cost" in template["metadata"]["annotations"]
+
+
+# --- compose ------------------------------------------------------------------------------
+
+
+def test_compose_files_validate_against_the_compose_spec() -> None:
+    files = sorted(COMPOSE.glob("*.yaml"))
+    assert {f.name for f in files} == {"compose.yaml", "compose.gpu.yaml"}
+    out = _run(
+        _tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", *map(str, files)
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_compose_stack_migrates_first_and_shares_the_workspace_path() -> None:
+    services = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
+    assert services["api"]["depends_on"]["migrate"] == {
+        "condition": "service_completed_successfully"
+    }
+    assert services["migrate"]["command"] == ["db", "upgrade"]
+    worker = services["worker"]
+    assert "/var/run/docker.sock:/var/run/docker.sock" in worker["volumes"]
+    (workspace,) = [v for v in worker["volumes"] if "REPRO_WORKSPACE" in v]
+    host, container = workspace.split("}:", 1)
+    assert f"{host}}}" == container  # the job containers mount it by host path
+    assert "REPRO_DATABASE_URL" not in worker.get("environment", {})
+    gpu = yaml.safe_load((COMPOSE / "compose.gpu.yaml").read_text())["services"]["worker"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"]
+
+
+def test_deploy_yaml_is_lint_clean() -> None:
+    out = _run(
+        _tool("yamllint"), "-s", "-c", str(ROOT / "deploy" / ".yamllint.yaml"), str(ROOT / "deploy")
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- images -------------------------------------------------------------------------------
+
+
+def test_dockerfiles_are_hadolint_clean() -> None:
+    dockerfiles = sorted(DOCKER.glob("*Dockerfile"))
+    assert {f.name for f in dockerfiles} == {"Dockerfile", "postgres.Dockerfile"}
+    out = _run(_tool("hadolint"), *map(str, dockerfiles))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for f in dockerfiles:
+        # BuildKit's bundled frontend: a `# syntax=` line would fetch one from a registry.
+        assert not f.read_text().startswith("# syntax"), f.name
+
+
+def _lock(name: str) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of every requirement in docker/locks/<name>.txt."""
+    text = (LOCKS / f"{name}.txt").read_text()
+    pins: dict[str, tuple[str, list[str]]] = {}
+    for block in re.split(r"\n(?=\S)", text):
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
+        if match:
+            hashes = re.findall(r"--hash=sha256:([0-9a-f]{64})", block)
+            pins[canonicalize_name(match.group(1))] = (match.group(2), hashes)
+    return pins
+
+
+@pytest.mark.parametrize("name", ["api", "cpu", "gpu", "build"])
+def test_every_locked_requirement_has_hashes(name: str) -> None:
+    pins = _lock(name)
+    assert pins
+    assert not {n for n, (_, hashes) in pins.items() if not hashes}
+
+
+def test_gpu_lock_pins_exactly_the_tested_cuda_and_cudnn_set() -> None:
+    pins = _lock("gpu")
+    cuda = {n: v for n, (v, _) in pins.items() if n.startswith("nvidia-")}
+    expected_cuda = {n: v for n, v in TESTED_GPU_SET.items() if n.startswith("nvidia-")}
+    assert cuda == expected_cuda
+    assert pins["tensorflow"][0] == "2.21.0"
+    assert "tensorflow-cpu" not in pins
+
+
+def test_cpu_lock_pins_the_tensorflow_the_project_trains_with() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (train,) = [Requirement(r) for r in project["optional-dependencies"]["train"]]
+    pins = _lock("cpu")
+    assert train.specifier.contains(pins[canonicalize_name(train.name)][0])
+    assert not any(n.startswith("nvidia-") for n in pins)
+    assert "tensorflow" not in _lock("api") and "tensorflow-cpu" not in _lock("api")
+
+
+@pytest.mark.parametrize(
+    ("name", "extras"), [("api", []), ("cpu", ["docker"]), ("gpu", ["docker"])]
+)
+def test_locks_satisfy_pyproject(name: str, extras: list[str]) -> None:
+    """A dependency added to pyproject.toml without rerunning docker/lock.sh fails here."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    for extra in extras:
+        wanted += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    pins = _lock(name)
+    stale = [
+        str(req)
+        for req in wanted
+        if canonicalize_name(req.name) not in pins
+        or not req.specifier.contains(pins[canonicalize_name(req.name)][0], prereleases=True)
+    ]
+    assert not stale, f"docker/locks/{name}.txt does not satisfy {stale}: run docker/lock.sh"
+
+
+def test_build_info_reports_the_gpu_image_versions() -> None:
+    out = _run(
+        sys.executable,
+        str(DOCKER / "build_info.py"),
+        "--lock",
+        str(LOCKS / "gpu.txt"),
+        "--base",
+        "debian:bookworm-slim@sha256:" + "0" * 64,
+        "--base-digest",
+        "sha256:" + "0" * 64,
+        "--revision",
+        "abc",
+        "--version",
+        "0.1.0",
+    )
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["tensorflow"] == "2.21.0"
+    assert info["tensorflow_package"] == "tensorflow"
+    assert (info["cuda"], info["cudnn"], info["nccl"]) == ("12.5.82", "9.3.0.75", "2.27.7")
+    digest = hashlib.sha256((LOCKS / "gpu.txt").read_bytes()).hexdigest()
+    assert info["lock_digest"] == f"sha256:{digest}"
