@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from worker.errors import SpecError
+from worker.model_size import check_parameter_limit
 from worker.progress import ProgressReporter
 from worker.result import DataFingerprint, JobError, JobResult, write_result
 from worker.seeds import resolve_seed
@@ -138,10 +139,20 @@ def run_job(
     )
     try:
         from worker import registry
+
+        registry.check_spec(resolved)
+        if max_model_parameters is not None:
+            # A built-in model's size is arithmetic on the spec: refuse an oversized one
+            # before TensorFlow is even imported, let alone a weight allocated.
+            parameters = registry.parameter_count(resolved)
+            if parameters is not None:
+                check_parameter_limit(
+                    parameters, max_model_parameters, how="computed from the spec"
+                )
+
         from worker.provenance import capture_provenance
         from worker.training import run_training
 
-        registry.check_spec(resolved)
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         startup = time.monotonic() - _STARTED
         outcome = run_training(

@@ -40,9 +40,17 @@ def _integral(value: Any) -> Any:
     return value
 
 
+integral = _integral  # for the other parameter models that read spec numbers
+
 Int = Annotated[int, BeforeValidator(_integral)]
 PosInt = Annotated[int, BeforeValidator(_integral), Field(ge=1)]
 Autotune = Literal["autotune"]
+
+# Each of these numbers becomes threads or buffered batches on the worker. A worker refuses
+# more whatever server sent the spec; an operator may allow less (REPRO_MAX_THREADS).
+MAX_THREADS = 256
+MAX_PREFETCH_BATCHES = 256
+Threads = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_THREADS)]
 
 
 def _json_params(value: dict[str, Any]) -> dict[str, Any]:
@@ -82,8 +90,10 @@ class DatasetSpec(_Strict):
     batch_size: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=65_536)]
     train_batches: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=10_000_000)]
     eval_batches: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=10_000_000)] = 0
-    num_parallel_calls: PosInt | Autotune = "autotune"
-    prefetch: Annotated[int, BeforeValidator(_integral), Field(ge=0)] | Autotune = "autotune"
+    num_parallel_calls: Threads | Autotune = "autotune"
+    prefetch: (
+        Annotated[int, BeforeValidator(_integral), Field(ge=0, le=MAX_PREFETCH_BATCHES)] | Autotune
+    ) = "autotune"
     deterministic_order: bool = True
     xla: bool = False
 
@@ -115,8 +125,8 @@ class TrainingSpec(_Strict):
 
 class DeterminismSpec(_Strict):
     op_determinism: bool = True
-    intra_op_threads: PosInt | None = None
-    inter_op_threads: PosInt | None = None
+    intra_op_threads: Threads | None = None
+    inter_op_threads: Threads | None = None
     # Set before the job's interpreter starts; worker.run re-executes itself to apply it.
     python_hash_seed: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=4_294_967_295)] = 0
 

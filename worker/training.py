@@ -17,6 +17,7 @@ from worker import determinism, registry
 from worker.batch_source import BatchSource, DataInfo
 from worker.errors import ArchitectureError, CheckpointError, GeneratorError
 from worker.fingerprint import StreamDigest, fingerprint_state, training_state
+from worker.model_size import check_parameter_limit
 from worker.progress import ProgressReporter
 from worker.seeds import SeedTuple
 from worker.spec import ExperimentSpec
@@ -87,7 +88,9 @@ def _data_info(data: StatelessRngDataset, source: BatchSource) -> DataInfo:
 class Job:
     """One experiment's model, optimizer, data and compiled steps."""
 
-    def __init__(self, spec: ExperimentSpec, seed: SeedTuple) -> None:
+    def __init__(
+        self, spec: ExperimentSpec, seed: SeedTuple, *, max_model_parameters: int | None = None
+    ) -> None:
         self.spec, self.seed = spec, seed
         ds = spec.dataset
         gen = registry.get_component("generator", ds.generator, loc="dataset.generator")
@@ -124,16 +127,25 @@ class Job:
         )
         info = _data_info(self.data, source)
 
-        keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
-        determinism.reseed(seed, "init")
         arch = registry.get_component(
             "architecture", spec.model.architecture, loc="model.architecture"
         )
-        self.model = arch.load()(arch.validate_params(spec.model.params, loc="model.params"), info)
+        arch_params = arch.validate_params(spec.model.params, loc="model.params")
+        unchecked = None
+        if max_model_parameters is not None:
+            unchecked = _check_size_unbuilt(arch, arch_params, info, max_model_parameters)
+        keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
+        determinism.reseed(seed, "init")
+        self.model = arch.load()(arch_params, info)
         if not isinstance(self.model, keras.Model):
             raise ArchitectureError(
                 f"architecture {spec.model.architecture!r} did not return a keras.Model"
             )
+        if unchecked is not None and max_model_parameters is not None:
+            # Fallback: the architecture could not be built without allocating its weights.
+            how = f"counted after building it, since {unchecked}"
+            check_parameter_limit(self.model.count_params(), max_model_parameters, how=how)
+            self.warnings.append(f"the model size limit was checked only after building: {how}")
         tr = spec.training
         self.optimizer = keras.optimizers.get(
             {"class_name": registry.OPTIMIZERS[tr.optimizer.name], "config": tr.optimizer.params}
@@ -189,6 +201,35 @@ class Job:
         )
 
 
+def _check_size_unbuilt(
+    arch: registry.Component, params: dict[str, Any], info: DataInfo, limit: int
+) -> str | None:
+    """Check the model size without allocating weights; the reason if that was impossible.
+
+    An architecture that ships a `count_parameters` is asked; any other is built in a Keras
+    StatelessScope, where variables get their shapes but no memory until initialised (they
+    never are: the scope's variables are dropped with the session before the real build).
+    """
+    counter = arch.sizer("count_parameters")
+    if counter is not None:
+        check_parameter_limit(int(counter(params, info)), limit, how="computed before building it")
+        return None
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            model = arch.load()(params, info)
+            parameters = int(model.count_params()) if isinstance(model, keras.Model) else None
+    except ArchitectureError:
+        raise
+    except Exception as exc:  # e.g. a layer that creates a variable from a concrete value
+        return f"building it without allocating failed ({type(exc).__name__}: {exc})"
+    finally:
+        keras.backend.clear_session()
+    if parameters is None:
+        return "the architecture did not return a keras.Model"
+    check_parameter_limit(parameters, limit, how="counted from a build that allocated no weights")
+    return None
+
+
 def _read(metrics: list[keras.metrics.Metric]) -> dict[str, float]:
     return {m.name: float(m.result()) for m in metrics}
 
@@ -217,14 +258,14 @@ def run_training(
     before the epoch's trace point, with `step` and `epoch` (1-based) in their logs.
     """
     t_start = time.monotonic()
+    if max_model_parameters is not None:
+        # Built-in sizes are arithmetic on the spec: refuse before TensorFlow allocates anything.
+        parameters = registry.parameter_count(spec)
+        if parameters is not None:
+            check_parameter_limit(parameters, max_model_parameters, how="computed from the spec")
+            max_model_parameters = None
     record = determinism.apply(spec.determinism, seed)
-    job = Job(spec, seed)
-    parameters = job.model.count_params()
-    if max_model_parameters is not None and parameters > max_model_parameters:
-        raise ArchitectureError(
-            f"the model has {parameters} parameters; this server allows at most "
-            f"{max_model_parameters}"
-        )
+    job = Job(spec, seed, max_model_parameters=max_model_parameters)
     out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
     timings = {
         "setup": time.monotonic() - t_start,
