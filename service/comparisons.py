@@ -1,4 +1,4 @@
-"""Comparison reports of stored runs, per-step refinements, and reproducibility audits."""
+"""Comparison reports of stored runs (kept once both runs finished) and per-step refinements."""
 
 from __future__ import annotations
 
@@ -6,15 +6,29 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import artifacts
 from service.auth import Principal, audit
-from service.errors import Conflict, NotFound
+from service.config import get_settings
+from service.errors import CheckpointRefused, Conflict, NotFound
 from service.experiments import get_run, reported_image
-from service.models import TERMINAL_STATUSES, Artifact, Refinement, Run, TracePointRow, Worker
-from worker.checkpoint import read_variables
+from service.models import (
+    TERMINAL_STATUSES,
+    Artifact,
+    ComparisonRecord,
+    Refinement,
+    Run,
+    TracePointRow,
+    Verdict,
+    Worker,
+)
+from service.schemas import ComparisonReport
+from worker import errors as worker_errors
+from worker.checkpoint import read_arrays
 from worker.trace import TracePoint
 from worker.verdict import RunRecord, build_report
 
@@ -43,8 +57,26 @@ def _worker_facts(db: Session, run: Run) -> dict[str, Any]:
     return {"worker": {"name": worker.name, "hostname": worker.hostname, "gpu": worker.gpu}}
 
 
-def record_of(db: Session, run: Run, label: str | None = None) -> RunRecord:
-    """A run as the report builder sees it; per-variable digests and arrays load on demand."""
+def record_of(
+    db: Session,
+    run: Run,
+    label: str | None = None,
+    *,
+    max_checkpoint_bytes: int | None = None,
+    strict: bool = True,
+) -> RunRecord:
+    """A run as the report builder sees it; per-variable digests and arrays load on demand.
+
+    Checkpoint arrays are read within `max_checkpoint_bytes` (default: the setting), only
+    the variables asked for, mapped to names by the run's own trace point at that epoch.
+    A checkpoint beyond the bounds raises CheckpointRefused when `strict`; otherwise the
+    report notes that its differences could not be measured.
+    """
+    limit = (
+        get_settings().max_checkpoint_bytes
+        if max_checkpoint_bytes is None
+        else max_checkpoint_bytes
+    )
     rows = db.execute(
         select(
             TracePointRow.kind, TracePointRow.epoch, TracePointRow.step, TracePointRow.fingerprint
@@ -71,11 +103,27 @@ def record_of(db: Session, run: Run, label: str | None = None) -> RunRecord:
     checkpoints = checkpoints_of(db, run.id)
 
     def read_checkpoint(epoch: int, paths: Sequence[str]) -> Mapping[str, np.ndarray]:
-        npz, manifest = checkpoints[epoch]
-        # Stored content-addressed and digest-checked on upload: no need to hash again.
-        return read_variables(
-            artifacts.local_path(manifest), paths, npz_path=artifacts.local_path(npz), verify=False
+        npz, _ = checkpoints[epoch]
+        # The checkpoint holds the state of the trace point at the end of its epoch, in
+        # that point's variable order; its own (worker-written) manifest is not needed.
+        order = db.scalar(
+            select(TracePointRow.variables).where(
+                TracePointRow.run_id == run.id,
+                TracePointRow.kind == "epoch",
+                TracePointRow.epoch == epoch,
+            )
         )
+        if not order:
+            raise worker_errors.CheckpointError(
+                f"run {run.id} has no trace point for epoch {epoch}"
+            )
+        try:
+            return read_arrays(artifacts.local_path(npz), list(order), paths, max_bytes=limit)
+        except worker_errors.CheckpointRefused as exc:
+            message = f"run {run.id}, checkpoint of epoch {epoch}: {exc}"
+            if strict:
+                raise worker_errors.CheckpointRefused(message) from exc
+            raise worker_errors.CheckpointError(f"refused ({message})") from exc
 
     summary = run.result_summary or {}
     return RunRecord(
@@ -94,15 +142,81 @@ def record_of(db: Session, run: Run, label: str | None = None) -> RunRecord:
     )
 
 
-def compare(db: Session, a: Run, b: Run) -> dict[str, Any]:
-    """The comparison report of run b against run a (see `worker.verdict.build_report`)."""
-    report = build_report(record_of(db, a), record_of(db, b))
+def compare(
+    db: Session,
+    a: Run,
+    b: Run,
+    *,
+    max_checkpoint_bytes: int | None = None,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """The comparison report of run b against run a (see `worker.verdict.build_report`).
+
+    CheckpointRefused (422) if `strict` and a checkpoint it must measure is beyond bounds.
+    """
+    limits: dict[str, Any] = {"max_checkpoint_bytes": max_checkpoint_bytes, "strict": strict}
+    try:
+        report = build_report(record_of(db, a, **limits), record_of(db, b, **limits))
+    except worker_errors.CheckpointRefused as exc:
+        raise CheckpointRefused(str(exc)) from exc
     return {"a": a.id, "b": b.id, **report}
 
 
-def compare_ids(db: Session, a: int, b: int) -> dict[str, Any]:
-    """`compare` by run ids; NotFound for an unknown id."""
-    return compare(db, get_run(db, a), get_run(db, b))
+def _valid(report: dict[str, Any] | None) -> bool:
+    # A report stored in an older format is built again.
+    if report is None:
+        return False
+    try:
+        ComparisonReport.model_validate(report)
+    except ValidationError:
+        return False
+    return True
+
+
+def stored_report(db: Session, a: int, b: int) -> dict[str, Any] | None:
+    """The kept report of run b against run a: b's verdict when a is its reference, or a
+    report computed before; None if there is none (or it is of an older format)."""
+    verdict = db.scalar(
+        select(Verdict.report).where(Verdict.run_id == b, Verdict.reference_run_id == a)
+    )
+    if _valid(verdict):
+        return verdict
+    kept = db.scalar(
+        select(ComparisonRecord.report).where(
+            ComparisonRecord.run_a_id == a, ComparisonRecord.run_b_id == b
+        )
+    )
+    return kept if _valid(kept) else None
+
+
+def compare_ids(
+    db: Session, a: int, b: int, *, max_checkpoint_bytes: int | None = None
+) -> dict[str, Any]:
+    """The report of run b against run a, computed once: finished runs never change, so
+    the report of two finished runs is kept and later requests read no checkpoint.
+
+    NotFound for an unknown id; CheckpointRefused (422) for a checkpoint beyond bounds.
+    """
+    run_a, run_b = get_run(db, a), get_run(db, b)
+    found = stored_report(db, a, b)
+    if found is not None:
+        return found
+    report = compare(db, run_a, run_b, max_checkpoint_bytes=max_checkpoint_bytes)
+    if run_a.status in TERMINAL_STATUSES and run_b.status in TERMINAL_STATUSES:
+        kept = db.scalar(
+            select(ComparisonRecord).where(
+                ComparisonRecord.run_a_id == a, ComparisonRecord.run_b_id == b
+            )
+        )
+        if kept is None:
+            db.add(ComparisonRecord(run_a_id=a, run_b_id=b, report=report))
+        else:
+            kept.report = report  # an older format, replaced
+        try:
+            db.commit()
+        except IntegrityError:
+            db.rollback()  # a concurrent request kept the same report first
+    return report
 
 
 # -- refinement ------------------------------------------------------------------------------
@@ -125,7 +239,7 @@ def create_refinement(
     a, b = get_run(db, a_id), get_run(db, b_id)
     if a.kind != "train" or b.kind != "train":
         raise Conflict("only trainings can be refined, not re-traces")
-    report = compare(db, a, b)
+    report = compare_ids(db, a.id, b.id)
     if report["verdict"] != "diverged":
         raise Conflict(f"runs {a.id} and {b.id} are {report['verdict']}; only diverged runs refine")
     div = report["first_divergence"]
@@ -256,56 +370,4 @@ def refinement_view(db: Session, r: Refinement) -> dict[str, Any]:
         "waiting": waiting,
         "report": r.report,
         "created_at": r.created_at,
-    }
-
-
-# -- reproducibility audits ------------------------------------------------------------------
-
-
-def audit_view(db: Session, audit_id: int) -> dict[str, Any]:
-    """An audit's copies, where each ran, and whether all agree bitwise."""
-    runs = db.scalars(select(Run).where(Run.audit_id == audit_id).order_by(Run.id)).all()
-    if not runs:
-        raise NotFound(f"reproducibility audit {audit_id} does not exist")
-    workers = {
-        w.id: w.name
-        for w in db.scalars(
-            select(Worker).where(Worker.id.in_({r.worker_id for r in runs if r.worker_id}))
-        )
-    }
-    finished = all(r.status in TERMINAL_STATUSES for r in runs)
-    succeeded = [r for r in runs if r.status == "succeeded"]
-    fingerprints = {r.final_fingerprint for r in succeeded}
-    copies = [
-        {
-            "id": r.id,
-            "status": r.status,
-            "worker_id": r.worker_id,
-            "worker": workers.get(r.worker_id) if r.worker_id else None,
-            "final_fingerprint": r.final_fingerprint,
-            "verdict": r.verdict_record.verdict if r.verdict_record else None,
-        }
-        for r in runs
-    ]
-    agree: bool | None = None
-    if finished:
-        agree = len(succeeded) == len(runs) and len(fingerprints) == 1
-    distinct = len({r.worker_id for r in runs if r.worker_id})
-    if not finished:
-        left = sum(r.status not in TERMINAL_STATUSES for r in runs)
-        summary = f"{left} of {len(runs)} copies still to finish"
-    elif agree:
-        summary = f"all {len(runs)} copies identical on {distinct} workers: {fingerprints.pop()}"
-    elif len(succeeded) < len(runs):
-        summary = f"{len(runs) - len(succeeded)} of {len(runs)} copies did not succeed"
-    else:
-        summary = f"the copies disagree: {len(fingerprints)} different final fingerprints"
-    return {
-        "id": audit_id,
-        "experiment_id": runs[0].experiment_id,
-        "copies": copies,
-        "finished": finished,
-        "agree": agree,
-        "distinct_workers": distinct,
-        "summary": summary,
     }

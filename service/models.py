@@ -77,12 +77,14 @@ class Worker(Base):
     """A registered worker agent and what it can run."""
 
     __tablename__ = "workers"
+    __table_args__ = (UniqueConstraint("name", name="uq_workers_name"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     # The worker token that registered it: only that token may act as this worker.
     token_id: Mapped[int | None] = mapped_column(
         ForeignKey("api_tokens.id", name="fk_workers_token_id")
     )
+    # A worker's identity: one name, one token (re-trace runs are pinned to it by name).
     name: Mapped[str] = mapped_column(String(200))
     hostname: Mapped[str] = mapped_column(String(200), default="")
     executors: Mapped[list[Any]]
@@ -132,6 +134,9 @@ class Run(Base):
     required_worker: Mapped[str | None] = mapped_column(String(200))
     # The first run of a reproducibility audit: its copies run on different workers.
     audit_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    # Who reported the result (worker, token), the image it reported and how the server
+    # checked the report (its recomputed final fingerprint, the image allow-list).
+    reported_by: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(
@@ -201,4 +206,17 @@ class Refinement(Base):
     refine_a_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     refine_b_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ComparisonRecord(Base):
+    """A comparison report of two finished runs, kept: finished runs never change."""
+
+    __tablename__ = "comparison_reports"
+    __table_args__ = (UniqueConstraint("run_a_id", "run_b_id", name="uq_comparison_reports_ab"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_a_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    run_b_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    report: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

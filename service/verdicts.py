@@ -28,11 +28,13 @@ def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
     ]
 
 
-def update_family(*, db: Session, family_id: int) -> None:
+def update_family(*, db: Session, family_id: int, max_checkpoint_bytes: int | None = None) -> None:
     """Give a verdict to every successful run of the family against its reference.
 
     The reference is the family's first successful run (lowest id); it has no verdict. The
-    stored report is the full comparison (divergence, sizes, data, environment).
+    stored report is the full comparison (divergence, sizes, data, environment); a
+    checkpoint beyond `max_checkpoint_bytes` is not measured, and the report says so.
+    Only runs whose final fingerprint the server verified succeed, so only they count.
     """
     runs = db.scalars(
         select(Run)
@@ -46,7 +48,9 @@ def update_family(*, db: Session, family_id: int) -> None:
         current = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
         if current is not None and current.reference_run_id == reference.id:
             continue
-        report = compare(db, reference, run)
+        report = compare(
+            db, reference, run, max_checkpoint_bytes=max_checkpoint_bytes, strict=False
+        )
         if current is None:
             db.add(
                 Verdict(

@@ -18,9 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from worker.errors import CheckpointError
+from worker.errors import CheckpointError, CheckpointRefused
+from worker.fingerprint import DEFAULT_ALGORITHM, StateFingerprint, fingerprint_arrays
+from worker.npz_reader import Member, inspect_npz, iter_arrays
 
 _NAME = re.compile(r"^epoch-(\d{6})\.json$")
+# A checkpoint's JSON holds its manifest and the trace so far; far below this in practice.
+MAX_MANIFEST_BYTES = 256 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,9 @@ def load_checkpoint(json_path: Path) -> Checkpoint:
         npz_path = json_path.with_name(doc["arrays"])
         if _sha256_file(npz_path) != doc["arrays_sha256"]:
             raise CheckpointError(f"{npz_path.name}: contents do not match the recorded digest")
-        with np.load(npz_path, allow_pickle=False) as npz:
-            arrays = [npz[f"v{i}"] for i in range(len(doc["manifest"]))]
+        names = [f"v{i}" for i in range(len(doc["manifest"]))]
+        members = inspect_npz(npz_path, max_members=len(names), max_bytes=None)
+        arrays = [array for _, array in iter_arrays(npz_path, members, names)]
         return Checkpoint(
             json_path, int(doc["epoch"]), int(doc["step"]), doc["meta"], doc["manifest"], arrays
         )
@@ -150,24 +155,79 @@ def checkpoint_epoch(name: str) -> int | None:
 
 
 def read_variables(
-    json_path: Path, paths: Sequence[str], *, npz_path: Path | None = None, verify: bool = True
+    json_path: Path,
+    paths: Sequence[str],
+    *,
+    npz_path: Path | None = None,
+    verify: bool = True,
+    max_bytes: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Only the named variables of one checkpoint (NumPy reads npz members lazily).
+    """Only the named variables of one checkpoint, found through its JSON manifest.
 
     `npz_path` overrides where the arrays are (a content-addressed store renames them);
     `verify` checks the npz against the digest in the JSON first. CheckpointError if the
-    checkpoint is unreadable or does not match its digest.
+    checkpoint is unreadable or does not match its digest; CheckpointRefused (a subclass)
+    if its arrays are not plain numbers or declare more than `max_bytes` (see `read_arrays`).
     """
     try:
+        if Path(json_path).stat().st_size > MAX_MANIFEST_BYTES:
+            raise CheckpointRefused(f"{Path(json_path).name}: larger than {MAX_MANIFEST_BYTES} B")
         doc = json.loads(Path(json_path).read_text())
         arrays_path = Path(npz_path) if npz_path is not None else json_path.with_name(doc["arrays"])
         if verify and _sha256_file(arrays_path) != doc["arrays_sha256"]:
             raise CheckpointError(f"{arrays_path.name}: contents do not match the recorded digest")
-        index = {m["path"]: i for i, m in enumerate(doc["manifest"])}
-        wanted = [p for p in paths if p in index]
-        with np.load(arrays_path, allow_pickle=False) as npz:
-            return {p: npz[f"v{index[p]}"] for p in wanted}
+        order = [str(m["path"]) for m in doc["manifest"]]
+        return read_arrays(arrays_path, order, paths, max_bytes=max_bytes)
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{Path(json_path).name}: unreadable checkpoint ({exc})") from exc
+
+
+def read_arrays(
+    npz_path: Path, order: Sequence[str], paths: Sequence[str], *, max_bytes: int | None
+) -> dict[str, np.ndarray]:
+    """The named variables of a checkpoint npz whose member `v{i}` holds variable `order[i]`.
+
+    Before anything is inflated the npz must hold exactly `len(order)` plain numeric arrays
+    declaring at most `max_bytes` in total (CheckpointRefused otherwise); then only the
+    wanted members are read. Paths not in `order` are left out of the answer.
+    """
+    members = _members_in_order(npz_path, order, max_bytes)
+    index = {path: i for i, path in enumerate(order)}
+    wanted = [p for p in dict.fromkeys(paths) if p in index]
+    names = [f"v{index[p]}" for p in wanted]
+    by_name = dict(iter_arrays(npz_path, members, names))
+    return {p: by_name[f"v{index[p]}"] for p in wanted}
+
+
+def _members_in_order(
+    npz_path: Path, order: Sequence[str], max_bytes: int | None
+) -> dict[str, Member]:
+    members = inspect_npz(npz_path, max_members=len(order), max_bytes=max_bytes)
+    expected = {f"v{i}" for i in range(len(order))}
+    if set(members) != expected:
+        raise CheckpointRefused(
+            f"{Path(npz_path).name}: holds arrays {sorted(members)[:5]}..., not the "
+            f"{len(order)} variables v0..v{len(order) - 1} of the run's model"
+        )
+    return members
+
+
+def fingerprint_checkpoint(
+    npz_path: Path,
+    order: Sequence[str],
+    *,
+    max_bytes: int | None,
+    algorithm: str = DEFAULT_ALGORITHM,
+) -> StateFingerprint:
+    """The fingerprint of a checkpoint's state, computed as the job computes it in training.
+
+    `order` names the variable in each member `v{i}` (the job saves and fingerprints the
+    same ordered training state, so the final trace point's variable paths give it).
+    Members are read one at a time; the bounds are those of `read_arrays`.
+    """
+    members = _members_in_order(npz_path, order, max_bytes)
+    names = [f"v{i}" for i in range(len(order))]
+    arrays = (array for _, array in iter_arrays(npz_path, members, names))
+    return fingerprint_arrays(zip(order, arrays, strict=True), algorithm)

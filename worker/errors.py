@@ -50,5 +50,9 @@ class CheckpointError(ReproError):
     """A checkpoint is missing, corrupt or belongs to another experiment."""
 
 
+class CheckpointRefused(CheckpointError):
+    """A checkpoint declares arrays that are not plain numbers or exceed what may be read."""
+
+
 class MalformedSpecError(SpecError):
     """The spec text is not well-formed JSON or YAML."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from worker.checkpoint import checkpoint_epoch, read_variables
-from worker.errors import CheckpointError
+from worker.errors import CheckpointError, CheckpointRefused
 from worker.numeric_diff import array_difference
 from worker.provenance import diff_provenance
 from worker.result import JobResult
@@ -88,6 +88,8 @@ def _measure(
         return [], None, f"no checkpoint of both runs at or after the {point.label()}"
     try:
         values_a, values_b = a.read_checkpoint(epoch, paths), b.read_checkpoint(epoch, paths)
+    except CheckpointRefused:
+        raise  # a hostile checkpoint is the caller's to answer, not a footnote of the report
     except (CheckpointError, OSError, ValueError, KeyError) as exc:
         return [], None, f"the checkpoints of epoch {epoch} could not be read: {exc}"
     exact = point.kind == "epoch" and point.epoch == epoch

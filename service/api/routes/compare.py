@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from service import comparisons
-from service.api.deps import IdPath, ReadAccess, SessionDep, SubmitAccess
+from service import comparisons, repro_audits
+from service.api.deps import IdPath, ReadAccess, SessionDep, SettingsDep, SubmitAccess
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.schemas import MAX_ID, ComparisonReport, RefineIn, RefinementOut, ReproAuditOut
@@ -18,9 +18,14 @@ RunId = Annotated[int, Query(ge=1, le=MAX_ID, description="a run id")]
 
 
 @router.get("/compare", response_model=ComparisonReport, responses=errors(404, 422))
-def compare(a: RunId, b: RunId, db: SessionDep, _: ReadAccess) -> ComparisonReport:
-    """Run b against run a: identical, or where, in which variables, by how much and why."""
-    return ComparisonReport.model_validate(comparisons.compare_ids(db, a, b))
+def compare(
+    a: RunId, b: RunId, db: SessionDep, settings: SettingsDep, _: ReadAccess
+) -> ComparisonReport:
+    """Run b against run a: identical, or where, in which variables, by how much and why.
+
+    The report of two finished runs is computed once and kept."""
+    report = comparisons.compare_ids(db, a, b, max_checkpoint_bytes=settings.max_checkpoint_bytes)
+    return ComparisonReport.model_validate(report)
 
 
 @router.post(
@@ -48,4 +53,4 @@ def refinement(refinement_id: IdPath, db: SessionDep, _: ReadAccess) -> Refineme
 @router.get("/repro-audits/{audit_id}", response_model=ReproAuditOut, responses=errors(404, 422))
 def repro_audit(audit_id: IdPath, db: SessionDep, _: ReadAccess) -> ReproAuditOut:
     """A reproducibility audit (submitted with `?copies=N`): its copies and whether all agree."""
-    return ReproAuditOut.model_validate(comparisons.audit_view(db, audit_id))
+    return ReproAuditOut.model_validate(repro_audits.audit_view(db, audit_id))
