@@ -1,0 +1,23 @@
+"""The audit page (`/audits/{id}`): the N copies of a reproducibility audit, which
+workers ran them, and whether they agree bitwise."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from service import repro_audits
+from service.api.deps import IdPath, SessionDep
+from service.dashboard.web import PageRoute, ViewerDep, render
+
+router = APIRouter(route_class=PageRoute)
+
+
+@router.get("/audits/{audit_id}", response_class=HTMLResponse)
+def audit_page(
+    request: Request, audit_id: IdPath, viewer: ViewerDep, db: SessionDep
+) -> HTMLResponse:
+    """An audit's copies and their agreement."""
+    view = repro_audits.audit_view(db, audit_id)
+    live = not view["finished"]
+    return render(request, "audit.html", viewer, audit=view, live=live)

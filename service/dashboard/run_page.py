@@ -1,0 +1,150 @@
+"""The run page (`/runs/{id}`): grouped provenance, seed ledger, hazards, the trace against
+the family reference, curves, live progress, error, artifacts; Rerun, Cancel, Audit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import artifacts
+from service import experiments as svc
+from service.api.deps import IdPath, SessionDep
+from service.dashboard import charts, provenance_view, run_rows
+from service.dashboard.actions import perform
+from service.dashboard.runs_page import MAX_POLLS, PollCount
+from service.dashboard.session import Viewer
+from service.dashboard.web import PageRoute, ViewerDep, render, svg
+from service.errors import Conflict, MalformedBody, NotFound
+from service.models import Artifact, Verdict, Worker
+from service.schemas import MAX_AUDIT_COPIES
+from worker import registry
+from worker.errors import SpecError
+from worker.spec import ExperimentSpec
+
+router = APIRouter(route_class=PageRoute)
+
+
+def live_context(db: Session, run_id: int) -> dict[str, Any]:
+    """What the live part of the run page shows: status, progress, fingerprint, verdict."""
+    run = svc.get_run(db, run_id)
+    [row] = run_rows.rows_of(db, [(run, run.experiment)])
+    progress = run.progress or {}
+    epochs = int(run.experiment.spec.get("training", {}).get("epochs") or 0)
+    done = float(progress.get("epoch") or 0)
+    if progress.get("event") == "epoch_start":
+        done = max(done - 1, 0)
+    bar = charts.progress_bar(done, epochs) if run.status == "running" else ""
+    return {
+        "row": row,
+        "run": run,
+        "progress": progress,
+        "epochs": epochs,
+        "bar": svg(bar),
+        "max_polls": MAX_POLLS,
+    }
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep) -> HTMLResponse:
+    """Everything recorded about one run."""
+    live = live_context(db, run_id)
+    run = live["run"]
+    reference = provenance_view.reference_id(db, run)
+    trace = provenance_view.fingerprints_of(db, run.id)
+    verdict = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
+    worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
+    files = db.scalars(
+        select(Artifact).where(Artifact.run_id == run.id).order_by(Artifact.kind, Artifact.id)
+    ).all()
+    return render(
+        request,
+        "run.html",
+        viewer,
+        **live,
+        worker=worker,
+        reference=reference,
+        trace=provenance_view.marked_trace(
+            trace, provenance_view.fingerprints_of(db, reference) if reference else None
+        ),
+        groups=provenance_view.groups(run.provenance),
+        ledger=provenance_view.seed_ledger(run),
+        hazards=provenance_view.hazards(run),
+        curves=[svg(c) for c in provenance_view.curves(run.metrics)],
+        verdict=verdict,
+        files=files,
+        max_copies=MAX_AUDIT_COPIES,
+    )
+
+
+@router.get("/runs/{run_id}/live", response_class=HTMLResponse)
+def run_live(
+    request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep, n: PollCount = 0
+) -> HTMLResponse:
+    """The live part of the run page; polling stops once the run has finished."""
+    return render(
+        request, "run_live.html", viewer, live_refresh=True, n=n + 1, **live_context(db, run_id)
+    )
+
+
+@router.get("/runs/{run_id}/artifacts/{artifact_id}")
+def download(
+    run_id: IdPath, artifact_id: IdPath, viewer: ViewerDep, db: SessionDep
+) -> FileResponse:
+    """An artifact's bytes, for a logged-in viewer (the API wants a bearer token)."""
+    art = artifacts.get_artifact(db, artifact_id)
+    if art.run_id != run_id:
+        raise NotFound(f"run {run_id} has no artifact {artifact_id}")
+    return FileResponse(
+        artifacts.local_path(art),
+        media_type="application/octet-stream",
+        headers={"X-Content-SHA256": art.sha256, "X-Content-Type-Options": "nosniff"},
+        filename=art.name,
+    )
+
+
+@router.post("/runs/{run_id}/rerun")
+async def rerun(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Queue a rerun and open its page."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        new = svc.rerun(db=db, run_id=run_id, actor=viewer.principal)
+        return f"/runs/{new.id}"
+
+    return await perform(request, act)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Cancel a queued or running run."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        svc.cancel(db=db, run_id=run_id, actor=viewer.principal)
+        return f"/runs/{run_id}"
+
+    return await perform(request, act)
+
+
+@router.post("/runs/{run_id}/audit")
+async def audit(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Run the run's experiment N times at once on different workers; open the audit."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        text = form.get("copies", "")
+        if not text.isdigit() or not 2 <= int(text) <= MAX_AUDIT_COPIES:
+            raise MalformedBody(f"copies must be a whole number from 2 to {MAX_AUDIT_COPIES}")
+        run = svc.get_run(db, run_id)
+        try:
+            spec = ExperimentSpec.model_validate(run.experiment.spec)
+            registry.check_spec(spec)
+        except (SpecError, ValueError) as exc:
+            raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
+        _, first, _ = svc.create_experiment(
+            db=db, spec=spec, actor=viewer.principal, copies=int(text)
+        )
+        return f"/audits/{first.audit_id}"
+
+    return await perform(request, act)

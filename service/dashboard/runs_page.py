@@ -1,0 +1,173 @@
+"""The runs page (`/`): every run with its verdict, filters in the URL, keyset paging,
+live rows, and the export of the filtered set."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from typing import Annotated, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse, StreamingResponse
+
+from service.api.deps import SessionDep
+from service.dashboard import run_rows
+from service.dashboard.run_rows import VERDICT_FILTERS, Filters
+from service.dashboard.web import SECURITY_HEADERS, PageRoute, ViewerDep, render
+from service.errors import MalformedBody
+from service.models import RUN_STATUSES
+from service.schemas import MAX_ID
+
+router = APIRouter(route_class=PageRoute)
+
+Cursor = Annotated[int | None, Query(ge=1, le=MAX_ID)]
+# An empty field of the filter form means "any"; so every filter accepts "".
+Digest = Annotated[str, Query(max_length=100, pattern=r"^[A-Za-z0-9:]*$")]
+Text = Annotated[str, Query(max_length=200)]
+StatusChoice = Literal["", "queued", "running", "succeeded", "failed", "cancelled"]
+VerdictChoice = Literal["", "identical", "diverged", "incomparable", "reference", "pending"]
+PAGE_SIZES = (25, 50, 100, 200)
+MAX_LIVE = 200  # rows one poll refreshes: at most a page's worth
+# A page polls every 2 s for at most this many times (30 minutes), then asks for a reload.
+MAX_POLLS = 900
+PollCount = Annotated[int, Query(ge=0, le=MAX_POLLS)]
+EXPORT_FIELDS = [
+    "id", "status", "kind", "experiment_id", "experiment", "seed", "spec_hash", "worker",
+    "image", "created_at", "started_at", "finished_at", "final_fingerprint", "rerun_of_id",
+    "family_id", "verdict", "verdict_label",
+]  # fmt: skip
+
+
+def get_filters(
+    status: StatusChoice = "",
+    verdict: VerdictChoice = "",
+    experiment: Text = "",
+    worker: Text = "",
+    kind: Literal["train", "refine"] = "train",
+    spec: Digest = "",
+    fingerprint: Digest = "",
+) -> Filters:
+    """The filters of the runs page, from its URL."""
+    return Filters(
+        status=status or None,
+        verdict=verdict or None,
+        experiment=experiment.strip() or None,
+        worker=worker.strip() or None,
+        kind=kind,
+        spec=spec or None,
+        fingerprint=fingerprint or None,
+    )
+
+
+FiltersDep = Annotated[Filters, Depends(get_filters)]
+Limit = Annotated[int, Query(ge=1, le=200)]
+
+
+def _url(filters: Filters, **more: object) -> str:
+    items = filters.query_items() + [(k, str(v)) for k, v in more.items() if v is not None]
+    return "/?" + urlencode(items) if items else "/"
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs(
+    request: Request,
+    viewer: ViewerDep,
+    db: SessionDep,
+    filters: FiltersDep,
+    before: Cursor = None,
+    after: Cursor = None,
+    limit: Limit = 50,
+) -> HTMLResponse:
+    """The runs, newest first, with their verdicts."""
+    found = run_rows.page(db, filters, limit=limit, before=before, after=after)
+    size = {"limit": limit} if limit != 50 else {}
+    export = urlencode(filters.query_items())
+    return render(
+        request,
+        "runs.html",
+        viewer,
+        page=found,
+        filters=filters,
+        statuses=RUN_STATUSES,
+        verdicts=VERDICT_FILTERS,
+        live_ids=",".join(str(r.run.id) for r in found.rows if r.live),
+        newer_url=_url(filters, after=found.newer, **size) if found.newer else None,
+        older_url=_url(filters, before=found.older, **size) if found.older else None,
+        first_url=_url(filters, **size) if before or after else None,
+        export_query=export,
+    )
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise MalformedBody("ids must be comma-separated run ids") from None
+    if len(ids) > MAX_LIVE or any(not 1 <= i <= MAX_ID for i in ids):
+        raise MalformedBody(f"at most {MAX_LIVE} run ids in [1, {MAX_ID}]")
+    return ids
+
+
+@router.get("/runs/live", response_class=HTMLResponse)
+def live_rows(
+    request: Request,
+    viewer: ViewerDep,
+    db: SessionDep,
+    ids: Annotated[str, Query(max_length=2400)] = "",
+    n: PollCount = 0,
+) -> HTMLResponse:
+    """The rows of the page's unfinished runs, swapped in place; polling stops once none is."""
+    rows = run_rows.by_ids(db, _ids(ids))
+    still = ",".join(str(r.run.id) for r in rows if r.live)
+    return render(
+        request, "runs_live.html", viewer, rows=rows, live_ids=still, n=n + 1, max_polls=MAX_POLLS
+    )
+
+
+def _csv(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=EXPORT_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for i, row in enumerate(rows):
+        record = run_rows.export_record(row)
+        record["seed"] = " ".join(str(s) for s in record["seed"])
+        writer.writerow(record)
+        if i % 200 == 199:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _json(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
+    yield "["
+    for i, row in enumerate(rows):
+        yield ("," if i else "") + "\n" + json.dumps(run_rows.export_record(row))
+    yield "\n]\n"
+
+
+@router.get("/runs/export.{fmt}")
+def export(
+    request: Request,
+    viewer: ViewerDep,
+    db: SessionDep,
+    filters: FiltersDep,
+    fmt: Literal["csv", "json"],
+) -> StreamingResponse:
+    """Every run of the filtered set, streamed as CSV or JSON a batch at a time."""
+    db.close()  # the stream reads with its own session, in the thread pool
+
+    def rows() -> Iterator[run_rows.RunRow]:
+        with request.app.state.sessionmaker() as session:
+            yield from run_rows.iterate(session, filters)
+
+    body = _csv(rows()) if fmt == "csv" else _json(rows())
+    media = "text/csv; charset=utf-8" if fmt == "csv" else "application/json"
+    headers = {
+        **SECURITY_HEADERS,
+        "Content-Disposition": f'attachment; filename="runs.{fmt}"',
+    }
+    return StreamingResponse(body, media_type=media, headers=headers)
