@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
+from service.file_modes import open_private, private_dir
 from service.models import Artifact, Run
 
 # The API documents and validates both; check_upload holds for any other caller.
@@ -41,11 +42,11 @@ async def receive(
 
     Returns (path, size). Nothing is left behind when the digest or size check fails.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)  # artifacts are owner-only: 0600 files in 0700 directories
     tmp = directory / f".{name}.{os.getpid()}.{id(chunks)}.part"
     h, size = hashlib.sha256(), 0
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(open_private(tmp), "wb") as fh:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > max_bytes:
@@ -59,7 +60,7 @@ async def receive(
                 f"received {size} bytes with SHA-256 {h.hexdigest()}, not {declared_sha256}"
             )
         final = directory / declared_sha256[:2] / declared_sha256
-        final.parent.mkdir(exist_ok=True)
+        private_dir(final.parent)
         os.replace(tmp, final)
         return final, size
     finally:

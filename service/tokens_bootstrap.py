@@ -10,16 +10,17 @@ from sqlalchemy.orm import Session
 from service import auth
 from service.auth import Role
 from service.errors import Unauthorized
+from service.file_modes import open_private, private_dir
 
 ADMIN_TOKEN_FILE = "admin-token"
 WORKER_TOKEN_FILE = "worker-token"
 
 
 def _write_private(path: Path, secret: str) -> None:
-    # Owner-only from the first byte: create with 0600 rather than chmod afterwards.
+    # Owner-only from the first byte (created 0600, whatever the umask), in a 0700 directory.
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
+    with os.fdopen(open_private(tmp), "w") as fh:
         fh.write(secret + "\n")
     os.replace(tmp, path)
 

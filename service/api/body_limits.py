@@ -1,0 +1,148 @@
+"""Request bodies bounded by the bytes actually received, before any route reads them.
+
+A body is refused as it streams in, chunked or not, whatever its `Content-Length` says:
+- 401 before a single byte of it is read when an API request carries a body without a
+  bearer token of the right shape (the route still verifies the token itself);
+- 413 as soon as the bytes received pass the route's limit: `max_body_bytes` for JSON,
+  `max_artifact_bytes` for uploads;
+- 408 when the body does not arrive within `body_timeout_seconds` of the route starting
+  to read it, plus one second per `body_min_bytes_per_second` already received.
+
+Every refusal closes the connection: the rest of the body is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.auth import TOKEN_PATTERN as TOKEN_SYNTAX
+from service.config import Settings
+
+# Routes that stream large bodies to disk under the upload limit; everything else is JSON.
+# A new upload route (datasets, say) adds its pattern here.
+UPLOAD_ROUTES = (re.compile(r"^/api/v1/runs/[^/]+/artifacts$"),)
+_CLOSE = {"Connection": "close"}
+
+
+class BodyRefused(HTTPException):
+    """A body refused while it streams in; raised from `receive`, answered by the app."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(status_code=status_code, detail=detail, headers=_CLOSE)
+
+
+def body_limit(settings: Settings, method: str, path: str) -> int:
+    """The most bytes a request body to this route may have."""
+    if method == "POST" and any(p.match(path) for p in UPLOAD_ROUTES):
+        return settings.max_artifact_bytes
+    return settings.max_body_bytes
+
+
+def _carries_body(headers: Headers) -> bool:
+    return "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+
+
+def _has_bearer_token(headers: Headers) -> bool:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and TOKEN_SYNTAX.match(token.strip()) is not None
+
+
+class _BoundedReceive:
+    """`receive` that counts body bytes and keeps the body's deadline."""
+
+    def __init__(self, receive: Receive, *, limit: int, settings: Settings) -> None:
+        self.receive, self.limit = receive, limit
+        self.timeout, self.min_rate = (
+            settings.body_timeout_seconds,
+            settings.body_min_bytes_per_second,
+        )
+        self.started: float | None = None  # the clock starts when the app starts reading
+        self.received = 0
+        self.complete = False
+
+    async def __call__(self) -> Message:
+        if self.complete:  # later calls wait for the client to leave: no deadline then
+            return await self.receive()
+        if self.started is None:
+            self.started = time.monotonic()
+        left = self.started + self.timeout + self.received / self.min_rate - time.monotonic()
+        try:
+            async with asyncio.timeout(max(left, 0)):
+                message = await self.receive()
+        except TimeoutError:
+            raise BodyRefused(
+                408, f"request body not received in time ({self.received} bytes arrived)"
+            ) from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit:
+                raise BodyRefused(413, f"request body larger than {self.limit} bytes")
+            self.complete = not message.get("more_body", False)
+        return message
+
+
+class BodyLimits:
+    """ASGI middleware: per-route body limits on received bytes, and no body without a token."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not _carries_body(headers):
+            await self.app(scope, receive, send)
+            return
+        if scope["path"].startswith("/api/") and not _has_bearer_token(headers):
+            await reply(
+                send,
+                401,
+                "send a bearer token: Authorization: Bearer <token>",
+                {"WWW-Authenticate": "Bearer"},
+            )
+            return
+        limit = body_limit(self.settings, scope["method"], scope["path"])
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await reply(send, 413, f"request body larger than {limit} bytes")
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(
+                scope, _BoundedReceive(receive, limit=limit, settings=self.settings), tracked_send
+            )
+        except BodyRefused as exc:  # raised where no exception handler answers it
+            if started:
+                raise
+            await reply(send, exc.status_code, str(exc.detail))
+
+
+async def reply(
+    send: Send, status: int, detail: str, headers: dict[str, str] | None = None
+) -> None:
+    """Answer `{"detail": ...}` directly and close the connection (the body stays unread)."""
+    body = json.dumps({"detail": detail}).encode()
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items()),
+    ]
+    start: Message = {"type": "http.response.start", "status": status, "headers": raw}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})
