@@ -10,6 +10,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.bell import Bell, attach
+from service.file_modes import private_dir, private_file, tighten_existing
 
 
 def _sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
@@ -23,16 +24,41 @@ def _sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for the URL, configured for concurrent API and worker use."""
+def _private_sqlite_file(path: Path) -> None:
+    # SQLite creates its -wal and -shm files with the mode of the database file, so an
+    # owner-only database keeps its journal owner-only too.
+    if not path.parent.exists():
+        private_dir(path.parent)
+    private_file(path)
+    for journal in ("-wal", "-shm", "-journal"):
+        tighten_existing(path.with_name(path.name + journal))
+
+
+def make_engine(
+    url: str, *, pool_size: int = 10, max_overflow: int = 40, pool_timeout: float = 10.0
+) -> Engine:
+    """An engine for the URL, configured for concurrent API and worker use.
+
+    The pool holds at least as many connections as the thread pool has threads (40), so a
+    request thread never waits for a connection held by a request waiting for a thread.
+    """
     parsed = make_url(url)
+    pool: dict[str, Any] = {
+        "pool_size": pool_size,
+        "max_overflow": max_overflow,
+        "pool_timeout": pool_timeout,
+    }
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            _private_sqlite_file(Path(parsed.database))
+            engine = create_engine(
+                url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+            )
+        else:  # an in-memory database keeps the single-connection pool it needs
+            engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def make_sessionmaker(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service import auth
 from service.auth import Permission, Principal
@@ -59,6 +60,31 @@ def get_principal(
         if limited is not None:
             raise limited from None
         raise
+    finally:
+        # Hold no connection between the token check and the route's own work: a request
+        # waiting for a thread must not keep a connection a running thread waits for.
+        db.close()
+
+
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+async def principal_of(request: Request) -> Principal:
+    """The caller, checked as by `get_principal_unpinned`, for a route whose need for a
+    token depends on a setting (so the OpenAPI document does not declare one)."""
+    return await get_principal_unpinned(request, await _bearer(request))
+
+
+async def get_principal_unpinned(request: Request, credentials: BearerCredentials) -> Principal:
+    """The caller, as `get_principal`, checked with a session of its own that is closed
+    before this returns: for routes that then wait (streams, long polls), which must not
+    pin a thread or a database connection meanwhile."""
+
+    def check() -> Principal:
+        with request.app.state.sessionmaker() as db:
+            return get_principal(request, db, credentials)
+
+    return await run_in_threadpool(check)
 
 
 def require(permission: Permission) -> Callable[..., Principal]:
@@ -71,8 +97,23 @@ def require(permission: Permission) -> Callable[..., Principal]:
     return dependency
 
 
+def require_unpinned(permission: Permission) -> Callable[..., Awaitable[Principal]]:
+    """As `require`, for routes that wait: nothing is held once the checks are done."""
+
+    async def dependency(
+        principal: Annotated[Principal, Depends(get_principal_unpinned)],
+    ) -> Principal:
+        principal.require(permission)
+        return principal
+
+    return dependency
+
+
 AnyRole = Annotated[Principal, Depends(get_principal)]
 ReadAccess = Annotated[Principal, Depends(require("read"))]
 SubmitAccess = Annotated[Principal, Depends(require("submit"))]
 WorkAccess = Annotated[Principal, Depends(require("work"))]
 AdminAccess = Annotated[Principal, Depends(require("admin"))]
+# For routes that wait: the same checks, with nothing held once they are done.
+WaitingReadAccess = Annotated[Principal, Depends(require_unpinned("read"))]
+WaitingWorkAccess = Annotated[Principal, Depends(require_unpinned("work"))]

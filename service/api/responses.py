@@ -16,6 +16,7 @@ _DESCRIPTIONS = {
     415: "The request body has a content type this endpoint does not accept",
     422: "Invalid input; `errors` names each field and what is wrong with it",
     429: "Too many invalid tokens from this client; retry later",
+    503: "The server is at a configured limit (see `Retry-After`); retry later",
 }
 
 

@@ -11,8 +11,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is up."""
+async def healthz() -> dict[str, str]:
+    """The process is up (answered on the event loop: no thread-pool slot needed)."""
     return {"status": "ok"}
 
 

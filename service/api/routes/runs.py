@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select
-from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from service import experiments as svc
-from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SubmitAccess
+from service.api.deps import (
+    IdPath,
+    Offset,
+    ReadAccess,
+    SessionDep,
+    SettingsDep,
+    SubmitAccess,
+    WaitingReadAccess,
+)
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_detail, run_out, run_outs
-from service.bell import Bell
+from service.config import Settings
 from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
+from service.run_events import RunWatcher
 from service.schemas import MAX_ID, Page, RunDetail, RunOut
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
@@ -27,8 +35,10 @@ router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 VerdictName = Literal["identical", "diverged", "incomparable", "reference", "none"]
 Kind = Literal["train", "refine"]
-# An event stream looks at its run this often even when no write in this process woke it.
+# Open event streams look at their runs this often even when no write in this process woke
+# them (one read for all of them), and send a comment when they were quiet this long.
 _EVENTS_RECHECK_SECONDS = 1.0
+_KEEPALIVE_SECONDS = 15.0
 assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 
 
@@ -69,9 +79,9 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
-def get_run(run_id: IdPath, db: SessionDep, _: ReadAccess) -> RunDetail:
+def get_run(run_id: IdPath, db: SessionDep, settings: SettingsDep, _: ReadAccess) -> RunDetail:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
-    return run_detail(db, svc.get_run(db, run_id))
+    return run_detail(db, svc.get_run(db, run_id), settings=settings)
 
 
 @router.post(
@@ -88,47 +98,78 @@ def cancel(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
     return run_out(db, svc.cancel(db=db, run_id=run_id, actor=principal))
 
 
-def _snapshot(request: Request, run_id: int) -> dict[str, object]:
-    with request.app.state.sessionmaker() as db:
-        run = svc.get_run(db, run_id)
-        return {
-            "id": run.id,
-            "status": run.status,
-            "attempt": run.attempt,
-            "progress": run.progress,
-            "final_fingerprint": run.final_fingerprint,
-        }
+def _watcher(request: Request) -> RunWatcher:
+    # Made on first use, in the event loop that serves the streams.
+    state = request.app.state
+    if getattr(state, "run_watcher", None) is None:
+        settings: Settings = state.settings
+        state.run_watcher = RunWatcher(
+            sessionmaker=state.sessionmaker,
+            bell=state.runs_bell,
+            max_streams=settings.max_event_streams,
+            recheck_seconds=_EVENTS_RECHECK_SECONDS,
+        )
+    watcher: RunWatcher = state.run_watcher
+    return watcher
+
+
+class _EventStream(StreamingResponse):
+    """A stream that lets go of its subscription however it ends (even if never started)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _event(snapshot: dict[str, object]) -> str:
+    return f"event: run\ndata: {json.dumps(snapshot)}\n\n"
+
+
+async def _once(snapshot: dict[str, object]) -> AsyncIterator[str]:
+    yield _event(snapshot)
 
 
 @router.get(
     "/{run_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}, **errors(404, 422)},
+    responses={200: {"content": {"text/event-stream": {}}}, **errors(404, 422, 503)},
 )
-async def events(
-    run_id: IdPath, request: Request, db: SessionDep, _: ReadAccess
-) -> StreamingResponse:
-    """Server-sent events: the run's status and progress whenever they change."""
-    await run_in_threadpool(db.close)  # the token check's connection is not held meanwhile
-    first = await run_in_threadpool(_snapshot, request, run_id)  # 404 before streaming
-    bell: Bell = request.app.state.runs_bell
+async def events(run_id: IdPath, request: Request, _: WaitingReadAccess) -> StreamingResponse:
+    """Server-sent events: the run's status and progress whenever they change.
+
+    An open stream holds no thread or database connection; past `REPRO_MAX_EVENT_STREAMS`
+    open streams the server answers 503 with `Retry-After`.
+    """
+    watcher = _watcher(request)
+    first = await watcher.snapshot(run_id)  # 404 before streaming
+    if first["status"] in TERMINAL_STATUSES:
+        return _EventStream(_once(first), on_close=lambda: None)
+    sub = watcher.subscribe(run_id, first)
 
     async def stream() -> AsyncIterator[str]:
-        snapshot, last = first, None
-        while True:
-            woken = bell.listen()  # a run written from now on wakes the wait below
+        sent = first
+        yield _event(first)
+        while not sub.ended:
             try:
-                if snapshot != last:
-                    yield f"event: run\ndata: {json.dumps(snapshot)}\n\n"
-                    last = snapshot
-                if snapshot["status"] in TERMINAL_STATUSES or await request.is_disconnected():
-                    return
-                with contextlib.suppress(TimeoutError):  # and look anyway now and then
-                    await asyncio.wait_for(woken.wait(), _EVENTS_RECHECK_SECONDS)
-            finally:
-                bell.forget(woken)
-            snapshot = await run_in_threadpool(_snapshot, request, run_id)
+                await asyncio.wait_for(sub.changed.wait(), _KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield ": keepalive\n\n"  # finds clients that left without closing
+                continue
+            sub.changed.clear()
+            snapshot = watcher.latest(run_id)
+            if snapshot is None or snapshot == sent:
+                continue
+            yield _event(snapshot)
+            sent = snapshot
+            if snapshot["status"] in TERMINAL_STATUSES:
+                return
 
-    return StreamingResponse(
-        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    return _EventStream(stream(), on_close=lambda: watcher.unsubscribe(sub))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -12,15 +12,23 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import artifacts, queue
-from service.api.deps import AnyRole, IdPath, SessionDep, SettingsDep, WorkAccess
+from service import artifacts, queue, verification, worker_identity
+from service.api.deps import (
+    AnyRole,
+    IdPath,
+    SessionDep,
+    SettingsDep,
+    WaitingWorkAccess,
+    WorkAccess,
+)
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.auth import Principal
-from service.bell import Bell
+from service.claim_waits import ClaimWaits
 from service.config import Settings
-from service.errors import Forbidden
+from service.errors import CheckpointRefused, Forbidden
+from service.metrics import observe_claim
 from service.models import Run
 from service.schemas import (
     MAX_ID,
@@ -47,13 +55,17 @@ router = APIRouter(tags=["workers"], route_class=JsonRoute)
     "/workers/register",
     status_code=201,
     response_model=RegisterOut,
-    responses=errors(400, 413, 422),
+    responses=errors(400, 409, 413, 422),
 )
 def register(
     body: RegisterIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
 ) -> RegisterOut:
-    """Register a worker and its capabilities; returns its id and lease timing."""
-    worker = queue.register_worker(
+    """Register a worker and its capabilities; returns its id and lease timing.
+
+    A name is a worker's identity: the same token registering it again gets the same id
+    (capabilities refreshed); a name another valid token registered is refused (409); an
+    image outside the server's allow-list is refused (403)."""
+    worker = worker_identity.register_worker(
         token_id=principal.token_id,
         db=db,
         name=body.name,
@@ -61,6 +73,7 @@ def register(
         executors=body.executors,
         images=body.images,
         gpu=body.gpu,
+        allowed_images=settings.worker_images,
     )
     return RegisterOut(
         id=worker.id,
@@ -70,7 +83,7 @@ def register(
 
 
 MAX_CLAIM_WAIT = 30.0  # seconds a claim may wait on the server for a run
-_RECHECK_SECONDS = 1.0  # a waiting claim looks again this often even if nothing rang
+_RECHECK_SECONDS = 1.0  # waiting claims look at the queue this often even if nothing rang
 
 
 def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
@@ -112,14 +125,13 @@ def _claim_once(
 @router.post(
     "/workers/{worker_id}/claim",
     response_model=ClaimOut,
-    responses={204: {"description": "nothing to run (within `wait`)"}, **errors(404, 422)},
+    responses={204: {"description": "nothing to run (within `wait`)"}, **errors(404, 422, 503)},
 )
 async def claim(
     worker_id: IdPath,
     request: Request,
-    db: SessionDep,
     settings: SettingsDep,
-    principal: WorkAccess,
+    principal: WaitingWorkAccess,
     wait: Annotated[
         float,
         Query(
@@ -130,25 +142,55 @@ async def claim(
         ),
     ] = 0,
 ) -> ClaimOut | Response:
-    """Take the oldest runnable queued run under a lease, with its newest checkpoint."""
-    await run_in_threadpool(db.close)  # the token check's connection is not held while waiting
-    bell: Bell = request.app.state.queue_bell
+    """Take the oldest runnable queued run under a lease, with its newest checkpoint.
+
+    A waiting claim holds no thread or database connection; past
+    `REPRO_MAX_WAITING_CLAIMS` waiting claims the server answers 503 with `Retry-After`.
+    """
+    started = time.perf_counter()
+    attempt = functools.partial(_claim_once, request, worker_id, principal, settings)
+    if wait == 0:  # the plain poll
+        out = await run_in_threadpool(attempt)
+    else:
+        out = await _wait_and_claim(request, attempt, wait)
+    observe_claim(started, claimed=out is not None)
+    return Response(status_code=204) if out is None else out
+
+
+async def _wait_and_claim(
+    request: Request, attempt: Callable[[], ClaimOut | None], wait: float
+) -> ClaimOut | None:
+    waits = _claim_waits(request)
     deadline = time.monotonic() + wait
-    while True:
-        woken = bell.listen()  # before looking, so a run queued meanwhile is not missed
-        try:
-            out = await run_in_threadpool(_claim_once, request, worker_id, principal, settings)
+    with waits.waiter():
+        first = True
+        while True:
+            generation = waits.generation
+            out = await waits.attempt(attempt, generation=generation, first=first)
+            first = False
             if out is not None:
                 return out
             left = deadline - time.monotonic()
-            if left <= 0 or bell.closed:
-                return Response(status_code=204)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), min(left, _RECHECK_SECONDS))
-            if bell.closed or await request.is_disconnected():  # lease nothing to a leaver
-                return Response(status_code=204)
-        finally:
-            bell.forget(woken)
+            if left <= 0 or waits.closed:
+                return None
+            await waits.moved(generation, left)
+            if waits.closed or await request.is_disconnected():  # lease nothing to a leaver
+                return None
+
+
+def _claim_waits(request: Request) -> ClaimWaits:
+    # Made on first use, in the event loop that serves the claims.
+    state = request.app.state
+    if getattr(state, "claim_waits", None) is None:
+        settings: Settings = state.settings
+        state.claim_waits = ClaimWaits(
+            sessionmaker=state.sessionmaker,
+            bell=state.queue_bell,
+            max_waiting=settings.max_waiting_claims,
+            recheck_seconds=_RECHECK_SECONDS,
+        )
+    waits: ClaimWaits = state.claim_waits
+    return waits
 
 
 # A report about a run: its body, the run, and whether this worker still holds it.
@@ -169,12 +211,36 @@ def heartbeat(
 
 
 @router.post("/runs/{run_id}/complete", response_model=RunOut, responses=_REPORT_ERRORS)
-def complete(run_id: IdPath, body: CompleteIn, db: SessionDep, principal: WorkAccess) -> RunOut:
-    """Report a held run's result document (a retried report is not written twice)."""
+def complete(
+    run_id: IdPath, body: CompleteIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+) -> RunOut:
+    """Report a held run's result document (a retried report is not written twice).
+
+    The server recomputes the final fingerprint from the uploaded final checkpoint: a
+    mismatch, or no final checkpoint, records the run as failed with the reason; a final
+    checkpoint beyond the checkpoint bounds fails the run and is answered 422."""
     queue.check_worker(db, body.worker_id, principal)
-    return run_out(
-        db, queue.complete(db=db, run_id=run_id, worker_id=body.worker_id, result=body.result)
+    done = queue.reported_run(db, run_id, body.worker_id, body.result)
+    if done is not None:
+        return run_out(db, done)
+    queue.held_run(db, run_id, body.worker_id)
+    db.commit()  # the run's row is not locked while its checkpoint is hashed
+    check = verification.verify_result(
+        db=db, run_id=run_id, result=body.result, max_checkpoint_bytes=settings.max_checkpoint_bytes
     )
+    run = queue.complete(
+        db=db,
+        run_id=run_id,
+        worker_id=body.worker_id,
+        result=body.result,
+        verification=check,
+        principal=principal,
+        allowed_images=settings.worker_images,
+        max_checkpoint_bytes=settings.max_checkpoint_bytes,
+    )
+    if check.outcome == "refused":
+        raise CheckpointRefused(f"run {run_id} failed: {check.message}")
+    return run_out(db, run)
 
 
 @router.post("/runs/{run_id}/fail", response_model=RunOut, responses=_REPORT_ERRORS)
