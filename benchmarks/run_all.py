@@ -109,6 +109,24 @@ def _compare(quick: bool) -> list[Row]:
     return rows
 
 
+def _dashboard(quick: bool) -> list[Row]:
+    from benchmarks import dashboard_pages
+
+    return dashboard_pages.measure(quick)
+
+
+def _waiting(quick: bool) -> list[Row]:
+    from benchmarks import waiting_load
+
+    return waiting_load.measure(quick)
+
+
+def _executors(quick: bool) -> list[Row]:
+    from benchmarks import executor_overhead
+
+    return executor_overhead.measure(quick)
+
+
 @dataclass(frozen=True)
 class Section:
     title: str
@@ -122,7 +140,10 @@ SECTIONS = {
     "service": Section("4. service overhead", _service),
     "api": Section("5. API throughput and claims", _api),
     "scaling": Section("6. scaling with 1k, 10k, 100k runs", _scaling),
+    "waiting": Section("500 event streams and 100 waiting claims held", _waiting),
     "compare": Section("the comparison report's server time", _compare),
+    "dashboard": Section("the dashboard's pages at 1k, 10k, 100k runs", _dashboard),
+    "executors": Section("container start-to-first-step: docker vs process executor", _executors),
 }
 # The table's order: the numbering (3b comes from the training runs).
 ROW_ORDER = (
@@ -133,7 +154,10 @@ ROW_ORDER = (
     "service",
     "api",
     "scaling",
+    "waiting",
     "compare",
+    "dashboard",
+    "executors",
 )
 
 

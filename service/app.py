@@ -2,65 +2,53 @@
 
 from __future__ import annotations
 
-import json
-
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.body_limits import BodyLimits
+from service.api.docs import install_docs
 from service.api.main import api_router, install_error_handlers
 from service.api.routes import health
+from service.api.routes import metrics as metrics_routes
 from service.auth import FailureLimiter
-from service.bell import Bell
+from service.bell import app_bells
 from service.config import Settings, get_settings
+from service.dashboard import install_dashboard
 from service.db import make_engine, make_sessionmaker
-
-
-class BodyLimit:
-    """Answers 413 to a declared body over the limit before any route reads it.
-
-    Artifact uploads are exempt: they stream to disk under their own, larger limit.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["path"].endswith("/artifacts"):
-            length = dict(scope["headers"]).get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-                await _reply(send, 413, f"request body larger than {self.max_bytes} bytes")
-                return
-        await self.app(scope, receive, send)
-
-
-async def _reply(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    start: Message = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    }
-    await send(start)
-    await send({"type": "http.response.body", "body": body})
+from service.metrics import RequestTimer, make_registry
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API app; the database must already be migrated (`repro db upgrade`)."""
     settings = settings or get_settings()
-    app = FastAPI(title="Reprotrain", version="1", summary="Reproducible training as a service")
-    engine = make_engine(settings.resolved_database_url)
+    app = FastAPI(
+        title="Reprotrain",
+        version="1",
+        summary="Reproducible training as a service",
+        docs_url=None,  # served by install_docs from assets shipped in the package
+        redoc_url=None,
+    )
+    engine = make_engine(
+        settings.resolved_database_url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_seconds,
+    )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.queue_bell, app.state.runs_bell = Bell(), Bell()
+    app.state.queue_bell, app.state.runs_bell = app_bells()
     app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))
     app.state.auth_failures = FailureLimiter(
         settings.auth_failures_allowed, settings.auth_failure_window_seconds
     )
+    app.state.metrics_registry = make_registry(
+        maker=app.state.sessionmaker, settings=settings, state=app.state
+    )
     app.include_router(health.router)
+    app.include_router(metrics_routes.scrape_router)
     app.include_router(api_router)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    install_docs(app)
+    install_dashboard(app, settings)
+    app.add_middleware(BodyLimits, settings=settings)
+    app.add_middleware(RequestTimer)  # outermost: times every answer, refusals included
     return app

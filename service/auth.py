@@ -34,7 +34,7 @@ GRANTS: dict[Permission, frozenset[str]] = {
     "work": frozenset({"worker"}),
     "admin": frozenset({"admin"}),
 }
-_TOKEN = re.compile(r"^rpt_(\d{1,18})_([A-Za-z0-9_-]{20,100})$")
+TOKEN_PATTERN = re.compile(r"^rpt_(\d{1,18})_([A-Za-z0-9_-]{20,100})$")
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def count_tokens(db: Session) -> int:
 
 def verify(db: Session, token: str) -> Principal:
     """The principal of a valid, unexpired, unrevoked token; Unauthorized otherwise."""
-    match = _TOKEN.match(token)
+    match = TOKEN_PATTERN.match(token)
     row = db.get(ApiToken, int(match.group(1))) if match else None
     # Compare even when there is no row, so a miss costs what a wrong secret costs.
     expected = row.secret_hash if row is not None else _digest("no such token")
@@ -175,7 +175,7 @@ def token_identity(token: str | None) -> str:
     """Whose token this claims to be, for failed-auth accounting: `id:<n>`, or its absence."""
     if token is None:
         return "none"
-    match = _TOKEN.match(token)
+    match = TOKEN_PATTERN.match(token)
     return f"id:{match.group(1)}" if match else "malformed"
 
 

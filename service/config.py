@@ -25,15 +25,47 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=5, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     max_artifact_bytes: int = Field(default=8 * 1024**3, ge=1024)
+    # What the arrays of one checkpoint may declare in total, checked before any is read.
+    max_checkpoint_bytes: int = Field(default=4 * 1024**3, ge=1024)
+    # Images a worker may advertise or report running (empty: any, recorded as reported).
+    worker_images: list[str] = Field(default_factory=list)
+    # Slow clients: a request's headers must arrive within header_timeout_seconds of the
+    # connection (or of its previous response); its body within body_timeout_seconds, plus
+    # one second per body_min_bytes_per_second received (so a large upload at a steady rate
+    # finishes, a trickle does not). Past either: 408 and the connection closes.
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    body_timeout_seconds: float = Field(default=30.0, gt=0)
+    body_min_bytes_per_second: int = Field(default=64 * 1024, ge=1)
     # Bounds on the work one spec may ask for; the operator tunes them.
     max_epochs: int = Field(default=10_000, ge=1)
     max_batch_size: int = Field(default=65_536, ge=1)
     max_batches_per_epoch: int = Field(default=1_000_000, ge=1)
     max_total_steps: int = Field(default=10_000_000, ge=1)
     max_model_parameters: int = Field(default=500_000_000, ge=1)
+    # Threads a spec may ask a worker for, per setting (intra-op, inter-op, parallel calls
+    # of the input pipeline); workers refuse more than 256 whatever this says.
+    max_threads: int = Field(default=64, ge=1)
+    # Input values in one batch (batch_size x sample size); workers refuse more than 2**28.
+    max_batch_elements: int = Field(default=2**28, ge=1)
     # Invalid bearer tokens tolerated per client address and window before 429.
     auth_failures_allowed: int = Field(default=20, ge=1)
     auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # Requests that wait on the server hold neither a thread nor a database connection, so
+    # these bound only memory and sockets; past them: 503 with Retry-After.
+    max_event_streams: int = Field(default=1000, ge=1)
+    max_waiting_claims: int = Field(default=1000, ge=1)
+    # Database connections per API process (PostgreSQL; SQLite uses a pool as large as the
+    # thread pool): at least the thread pool's 40, so no request thread waits for one.
+    db_pool_size: int = Field(default=10, ge=1)
+    db_max_overflow: int = Field(default=40, ge=0)
+    db_pool_timeout_seconds: float = Field(default=10.0, gt=0)
+    # /metrics answers without a token by default (aggregate numbers only, as Prometheus
+    # scrapers expect); when True it asks for a token with the read role.
+    metrics_token_required: bool = False
+    # Dashboard sessions: signed with this secret when set (several API replicas must share
+    # one), else with a secret created on first start in the data directory (owner-only).
+    dashboard_secret: str = Field(default="", repr=False)
+    dashboard_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
 
     @property
     def resolved_database_url(self) -> str:

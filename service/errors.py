@@ -67,6 +67,12 @@ class DigestMismatch(ServiceError):
     status_code = 400
 
 
+class CheckpointRefused(ServiceError):
+    """A checkpoint declares arrays that are not plain numbers or exceed what may be read."""
+
+    status_code = 422
+
+
 class Unauthorized(ServiceError):
     """A valid bearer token is required."""
 

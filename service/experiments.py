@@ -12,11 +12,12 @@ from sqlalchemy.orm import Session
 from service.auth import Principal, audit
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
+from service.json_bounds import MAX_INT_DIGITS, exceeds_int_digits
 from service.models import Experiment, Run, utcnow
 from worker import registry
-from worker.errors import MalformedSpecError, SpecError
+from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.seeds import resolve_seed
-from worker.spec import ExperimentSpec, parse_spec_text
+from worker.spec import ExperimentSpec, parse_spec, parse_spec_text
 
 
 def parse_submission(
@@ -32,6 +33,11 @@ def parse_submission(
         raise MalformedBody(f"the {fmt.upper()} spec nests too deeply") from None
     except SpecError as exc:
         raise InvalidSpec(str(exc), errors=exc.errors) from None
+    except ValueError as exc:  # an integer too long for Python, read or written back
+        if not exceeds_int_digits(exc):
+            raise
+        msg = f"a number in the spec has more than {MAX_INT_DIGITS} digits"
+        raise InvalidSpec(msg, errors=[{"loc": "$", "msg": msg}]) from None
     check_limits(spec, settings)
     check_storable(spec)
     return spec
@@ -64,6 +70,24 @@ def check_limits(spec: ExperimentSpec, settings: Settings) -> None:
             "total steps (epochs x train_batches)",
         ),
     ]
+    det, threads = spec.determinism, settings.max_threads
+    for loc, asked in (
+        ("determinism.intra_op_threads", det.intra_op_threads),
+        ("determinism.inter_op_threads", det.inter_op_threads),
+        ("dataset.num_parallel_calls", ds.num_parallel_calls),
+    ):
+        if isinstance(asked, int):  # None and "autotune" leave the choice to the worker
+            checks.append((loc, asked, threads, "threads"))
+    elements = registry.batch_elements(spec)
+    if elements is not None:
+        unit = "input values per batch (batch_size x sample size)"
+        checks.append(("dataset.batch_size", elements, settings.max_batch_elements, unit))
+    try:
+        parameters = registry.parameter_count(spec)
+    except ArchitectureError:
+        parameters = None  # a model that cannot be built fails on the worker, saying why
+    if parameters is not None:
+        checks.append(("model", parameters, settings.max_model_parameters, "model parameters"))
     errors = [
         {"loc": loc, "msg": f"{value} {unit} exceeds this server's limit of {limit}"}
         for loc, value, limit, unit in checks
@@ -193,11 +217,12 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
         raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
     spec = original.experiment.spec
     try:
-        registry.check_spec(ExperimentSpec.model_validate(spec))
+        # parse_spec: a stored spec past today's bounds is a SpecError, not a 500.
+        registry.check_spec(parse_spec(spec))
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
     # Pin what the original actually ran on, so the rerun cannot silently change image.
-    image = original.required_image or reported_image(original.provenance)
+    image = reported_image(original.provenance) or original.required_image
     new = Run(
         experiment_id=original.experiment_id,
         rerun_of_id=original.id,
@@ -220,11 +245,12 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
 
 
 def reported_image(provenance: dict[str, Any] | None) -> str | None:
-    """The image digest (else reference) a run reported running on, if it reported one."""
+    """The image a run reported running on, if it reported one: its image ID (the same on
+    every host that holds the image), else its digest, else its reference."""
     recorded = (provenance or {}).get("image")
     if not isinstance(recorded, dict):
         return None
-    found = [recorded.get(key) for key in ("digest", "reference")]
+    found = [recorded.get(key) for key in ("id", "digest", "reference")]
     return next((value for value in found if isinstance(value, str) and value), None)
 
 

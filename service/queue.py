@@ -12,36 +12,21 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, delete, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from service import bell, verdicts
+from service import bell, metrics, verdicts
 from service.auth import Principal
 from service.config import Settings
 from service.errors import Forbidden, NotFound, NotHeld
-from service.models import TERMINAL_STATUSES, Artifact, Run, TracePointRow, Worker, utcnow
+from service.experiments import reported_image
+from service.models import (
+    TERMINAL_STATUSES,
+    Artifact,
+    Run,
+    TracePointRow,
+    Worker,
+    utcnow,
+)
+from service.verification import Verification, image_allowed, still_the_checkpoint
 from worker.result import JobResult
-
-
-def register_worker(
-    *,
-    token_id: int | None,
-    db: Session,
-    name: str,
-    hostname: str,
-    executors: list[str],
-    images: list[str],
-    gpu: str | None,
-) -> Worker:
-    """A new worker record."""
-    worker = Worker(
-        token_id=token_id,
-        name=name,
-        hostname=hostname,
-        executors=executors,
-        images=images,
-        gpu=gpu,
-    )
-    db.add(worker)
-    db.commit()
-    return worker
 
 
 def get_worker(db: Session, worker_id: int) -> Worker:
@@ -88,6 +73,7 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
     )
     if cast(CursorResult[Any], requeued).rowcount:
         bell.note_queued(db)
+        metrics.LEASE_EXPIRIES.inc(cast(CursorResult[Any], requeued).rowcount)
     db.commit()
 
 
@@ -102,6 +88,20 @@ def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
         ~exists().where(theirs.audit_id == candidate.audit_id, theirs.worker_id == other.id),
     )
     return or_(candidate.audit_id.is_(None), ~has_copy, ~idle_elsewhere)
+
+
+def image_waiting_reason(*, db: Session, run: Run, settings: Settings) -> str | None:
+    """Why a queued run pinned to an image is not claimed: no live worker advertises it."""
+    if run.status != "queued" or run.required_image is None:
+        return None
+    live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
+    live = db.scalars(select(Worker.images).where(Worker.last_seen_at >= live_since))
+    if any(run.required_image in (images or []) for images in live):
+        return None
+    return (
+        f"no live worker advertises image {run.required_image}; the run stays queued "
+        "until a worker that runs that image claims it"
+    )
 
 
 def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
@@ -190,31 +190,83 @@ def release(*, db: Session, run_id: int, worker_id: int, reason: str) -> Run:
     return run
 
 
-def _already_reported(db: Session, run_id: int, worker_id: int, fingerprint: str | None) -> bool:
-    # A retried report after a lost response must not write twice.
+def reported_run(db: Session, run_id: int, worker_id: int, result: JobResult) -> Run | None:
+    """The run if this worker already reported this result (a retry after a lost answer)."""
     run = db.get(Run, run_id, populate_existing=True)
-    return (
-        run is not None
-        and run.status in TERMINAL_STATUSES
-        and run.worker_id == worker_id
-        and run.final_fingerprint == fingerprint
-    )
+    if run is None or run.status not in TERMINAL_STATUSES or run.worker_id != worker_id:
+        return None
+    checked = ((run.reported_by or {}).get("fingerprint") or {}).get("reported")
+    if run.final_fingerprint == result.final_fingerprint or (
+        run.reported_by is not None and checked == result.final_fingerprint
+    ):
+        return run
+    return None
 
 
-def complete(*, db: Session, run_id: int, worker_id: int, result: JobResult) -> Run:
-    """Record a job's result document; a rerun gets its verdict."""
-    if _already_reported(db, run_id, worker_id, result.final_fingerprint):
-        return db.get_one(Run, run_id)
+def _reporter(
+    db: Session,
+    worker_id: int,
+    principal: Principal | None,
+    result: JobResult,
+    verification: Verification,
+    allowed_images: list[str],
+) -> dict[str, Any]:
+    worker = db.get(Worker, worker_id)
+    image = reported_image(result.provenance)
+    return {
+        "worker_id": worker_id,
+        "worker": worker.name if worker is not None else None,
+        "token_id": principal.token_id if principal is not None else None,
+        "token": principal.name if principal is not None else None,
+        "image": image,
+        "image_allowed": image_allowed(image, allowed_images),
+        "fingerprint": verification.record(),
+        "at": utcnow().isoformat() + "Z",
+    }
+
+
+def complete(
+    *,
+    db: Session,
+    run_id: int,
+    worker_id: int,
+    result: JobResult,
+    verification: Verification | None = None,
+    principal: Principal | None = None,
+    allowed_images: list[str] | None = None,
+    max_checkpoint_bytes: int | None = None,
+) -> Run:
+    """Record a job's result document; a rerun gets its verdict.
+
+    `verification` is the server's own check of the final fingerprint (see
+    `service.verification.verify_result`, done before this locks the run): a result that
+    failed it, or reports an image outside `allowed_images`, is recorded as a failed run
+    with the reason, keeping what the worker reported, and never becomes a reference.
+    """
+    found = reported_run(db, run_id, worker_id, result)
+    if found is not None:
+        return found
     run = held_run(db, run_id, worker_id)
-    run.status = "succeeded" if result.status == "succeeded" else "failed"
+    check = verification or Verification("not_checked", result.final_fingerprint)
+    check = still_the_checkpoint(db, run_id, check)
+    allowed = allowed_images or []
+    run.reported_by = _reporter(db, worker_id, principal, result, check, allowed)
+    error = check.error()
+    if error is None and run.reported_by["image_allowed"] is False:
+        error = {
+            "type": "ImageNotAllowed",
+            "message": f"the worker reported running image {run.reported_by['image']!r}, "
+            "which is not one this server lets workers run (REPRO_WORKER_IMAGES)",
+        }
+    run.status = "succeeded" if result.status == "succeeded" and error is None else "failed"
     run.finished_at = utcnow()
     run.lease_expires_at = None
-    run.final_fingerprint = result.final_fingerprint
+    run.final_fingerprint = result.final_fingerprint if error is None else None
     run.trace_granularity = result.trace_granularity
     run.provenance = result.provenance
     run.metrics = result.metrics
     run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
-    run.error = result.error.model_dump() if result.error else None
+    run.error = error or (result.error.model_dump() if result.error else None)
     run.result_summary = {
         "spec_hash": result.spec_hash,
         "seed": result.seed,
@@ -239,7 +291,9 @@ def complete(*, db: Session, run_id: int, worker_id: int, result: JobResult) -> 
     )
     db.flush()
     if run.status == "succeeded" and run.kind == "train":
-        verdicts.update_family(db=db, family_id=run.family_id or run.id)
+        verdicts.update_family(
+            db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
+        )
     db.commit()
     return run
 

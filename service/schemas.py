@@ -7,6 +7,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
+from service.json_bounds import DETAILS, RESULT, BoundedProgress, bounded_extras, bounded_fields
 from worker.result import JobResult
 
 T = TypeVar("T")
@@ -96,6 +97,11 @@ class RunDetail(RunOut):
     verdict_report: ComparisonReport | None = None
     reference_run_id: int | None = None
     checkpoint_epoch: int | None = None
+    # Why a queued run is not being claimed (its pinned image has no live worker), if known.
+    waiting_reason: str | None = None
+    # Who reported the result (worker, token), the image it reported, and what the server
+    # checked: its own recomputation of the final fingerprint, the image allow-list.
+    reported_by: dict[str, Any] | None = None
 
 
 class Page(BaseModel, Generic[T]):
@@ -136,7 +142,7 @@ class WorkerReport(_Input):
 
 
 class HeartbeatIn(WorkerReport):
-    progress: dict[str, Any] | None = None
+    progress: BoundedProgress | None = None
 
 
 class HeartbeatOut(BaseModel):
@@ -153,10 +159,13 @@ def _storable(result: JobResult) -> JobResult:
         ("trace_granularity", result.trace_granularity, 40),
         *((f"trace.{i}.fingerprint", p.fingerprint, 100) for i, p in enumerate(result.trace)),
         # A rerun pins the image its run reported (a 500-character column).
-        *((f"provenance.image.{key}", image.get(key), 500) for key in ("digest", "reference")),
+        *(
+            (f"provenance.image.{key}", image.get(key), 500)
+            for key in ("id", "digest", "reference")
+        ),
     ]
     if any(not isinstance(text, str | None) for _, text, _ in texts):
-        raise ValueError("provenance.image.digest and .reference must be strings")
+        raise ValueError("provenance.image.id, .digest and .reference must be strings")
     counts = [
         (f"trace.{i}.{name}", value)
         for i, p in enumerate(result.trace)
@@ -173,7 +182,12 @@ def _storable(result: JobResult) -> JobResult:
 
 
 class CompleteIn(WorkerReport):
-    result: Annotated[JobResult, AfterValidator(_storable)]
+    result: Annotated[
+        JobResult,
+        AfterValidator(_storable),
+        # The free-form parts of a result, stored and shown on the run's pages.
+        bounded_fields("spec", "provenance", "determinism", "metrics", bounds=RESULT),
+    ]
 
 
 class ErrorDoc(_Input):
@@ -185,7 +199,7 @@ class ErrorDoc(_Input):
 
 
 class FailIn(WorkerReport):
-    error: ErrorDoc
+    error: Annotated[ErrorDoc, bounded_extras(DETAILS)]
 
 
 class ReleaseIn(WorkerReport):

@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service.api.responses import errors
-from service.api.routes import admin, compare, experiments, runs, workers
+from service.api.routes import admin, compare, experiments, metrics, runs, workers
 from service.errors import ServiceError
 
 # Every versioned endpoint needs a token its role allows; each route adds its own errors.
@@ -17,6 +17,7 @@ api_router.include_router(runs.router)
 api_router.include_router(workers.router)
 api_router.include_router(admin.router)
 api_router.include_router(compare.router)
+api_router.include_router(metrics.router)
 
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service import queue
 from service.comparisons import compare
+from service.config import Settings
 from service.models import Run, Verdict
 from service.schemas import ComparisonReport, RunDetail, RunOut
 from service.verdicts import trace_of
@@ -53,14 +54,14 @@ def _report(db: Session, verdict: Verdict | None) -> ComparisonReport | None:
     try:
         return ComparisonReport.model_validate(verdict.report)
     except ValidationError:
-        fresh = compare(db, db.get_one(Run, verdict.reference_run_id), verdict.run)
+        fresh = compare(db, db.get_one(Run, verdict.reference_run_id), verdict.run, strict=False)
         verdict.report, verdict.verdict = fresh, fresh["verdict"]
         db.commit()
         return ComparisonReport.model_validate(fresh)
 
 
-def run_detail(db: Session, run: Run) -> RunDetail:
-    """Everything recorded about a run."""
+def run_detail(db: Session, run: Run, *, settings: Settings | None = None) -> RunDetail:
+    """Everything recorded about a run (with `settings`, also why a queued run waits)."""
     base = run_out(db, run).model_dump()
     verdict = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
     checkpoint = queue.latest_checkpoint(db, run.id)
@@ -78,4 +79,8 @@ def run_detail(db: Session, run: Run) -> RunDetail:
         verdict_report=_report(db, verdict),
         reference_run_id=verdict.reference_run_id if verdict else None,
         checkpoint_epoch=checkpoint[0] if checkpoint else None,
+        reported_by=run.reported_by,
+        waiting_reason=(
+            queue.image_waiting_reason(db=db, run=run, settings=settings) if settings else None
+        ),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import signal
 import threading
@@ -21,6 +22,13 @@ DataDirOption = Annotated[
 DatabaseOption = Annotated[
     str | None, typer.Option(help="database URL; default: SQLite in the data directory")
 ]
+
+
+class WorkerExecutor(enum.StrEnum):
+    """How a worker runs each job."""
+
+    process = "process"
+    docker = "docker"
 
 
 def _configure_logging() -> None:
@@ -53,7 +61,7 @@ def _is_first_start(settings: Settings) -> bool:
 
 def _demo(api: str, token: str, spec: Path) -> None:
     """Submit the example, rerun it, and print the verdict (first start only)."""
-    from service.client import ApiClient
+    from worker.node.client import ApiClient
     from worker.verdict import describe
 
     client = ApiClient(api, token)
@@ -118,18 +126,31 @@ def serve(
     ] = True,
 ) -> None:
     """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
+    from service.api.header_deadline import header_deadline_protocol
     from service.app import create_app
     from service.cli.local import EXAMPLES
+    from service.file_modes import private_dir
     from service.migrate import upgrade
+    from service.tokens_bootstrap import ADMIN_TOKEN_FILE
 
     _configure_logging()
     settings = _settings(data_dir, database_url, host=host, port=port)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)  # database, artifacts and tokens: owner-only
     upgrade(settings.resolved_database_url)
     first_start = _is_first_start(settings)
     admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        # Slow clients: headers within header_timeout_seconds (the body's deadline is the
+        # app's), request line and headers at most 16 KiB (400 past it).
+        http=header_deadline_protocol(settings.header_timeout_seconds),
+        h11_max_incomplete_event_size=16 * 1024,
+    )
+    server = uvicorn.Server(config)
     server_thread = threading.Thread(target=server.run, name="api", daemon=True)
     server_thread.start()
     while not server.started:
@@ -139,12 +160,18 @@ def serve(
     api = f"http://{host}:{port}"
     err.print(f"Reprotrain API on {api}  (docs: {api}/docs, data: {settings.data_dir})")
     if admin_token:
-        err.print(f"log in with the admin token: {api}/docs  (Authorize → {admin_token[:12]}…)")
+        where = settings.data_dir / ADMIN_TOKEN_FILE  # never print any of the secret itself
+        err.print(f"log in at {api}/docs (Authorize) with the admin token in {where}")
+        from service.dashboard import issue_login_url
+
+        # One use, 15 minutes: the link stands for the admin token without showing it.
+        link = issue_login_url(app, api, admin_token)
+        err.print(f"dashboard: {link}  (one-time login link)", soft_wrap=True, highlight=False)
 
     agent, agent_thread = None, None
     if with_worker:
-        from service.agent import Agent
-        from service.client import ApiClient
+        from worker.node.agent import Agent
+        from worker.node.client import ApiClient
 
         agent = Agent(
             ApiClient(api, worker_token), name="local", work_dir=settings.data_dir / "worker"
@@ -175,7 +202,13 @@ def worker(
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     name: Annotated[str | None, typer.Option(help="worker name shown in the API")] = None,
-    work_dir: Annotated[Path | None, typer.Option(help="where jobs write their files")] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="where jobs write their files and results wait until the API takes them; "
+            "keep it across restarts [default: $XDG_STATE_HOME/reprotrain/worker]"
+        ),
+    ] = None,
     max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
     poll: Annotated[
         float, typer.Option(help="seconds between claims when the API answers them at once")
@@ -188,20 +221,68 @@ def worker(
             help="seconds each claim waits on the API for a run (long poll; 0: poll instead)",
         ),
     ] = 20.0,
+    executor: Annotated[
+        WorkerExecutor,
+        typer.Option(help="how each job runs: a fresh process here, or a fresh container"),
+    ] = WorkerExecutor.process,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(help="an image this worker runs (repeatable); runs pinning it come here"),
+    ] = None,
+    memory: Annotated[
+        str | None, typer.Option(help="docker: memory limit of each job container (e.g. 8g)")
+    ] = None,
+    cpus: Annotated[
+        float | None, typer.Option(min=0.01, help="docker: CPUs each job container may use")
+    ] = None,
+    pids: Annotated[
+        int, typer.Option(min=16, help="docker: most processes and threads in a job container")
+    ] = 1024,
+    deadline: Annotated[
+        float | None,
+        typer.Option(min=1, help="docker: seconds a job may run before it is stopped and fails"),
+    ] = None,
+    allow_tag: Annotated[
+        bool,
+        typer.Option(help="docker: also run runs that pin an image by tag, without a digest"),
+    ] = False,
 ) -> None:
-    """Run a worker agent: claim runs, train them in fresh processes, report results."""
-    from service.agent import run_agent
+    """Run a worker agent: claim runs, train each in a fresh process or container, report."""
+    from worker.node.agent import WorkDirBusy, run_agent
+    from worker.node.executors import ExecutorUnavailable
 
     _configure_logging()
-    run_agent(
-        api,
-        token,
-        name=name,
-        work_dir=work_dir,
-        poll_interval=poll,
-        claim_wait=claim_wait,
-        max_jobs=max_jobs,
-    )
+    executor_options: dict[str, Any] = {}
+    if executor is WorkerExecutor.docker:
+        # The executor resolves each --image to its image ID and advertises that.
+        executor_options = {
+            "images": image or [],
+            "memory": memory,
+            "cpus": cpus,
+            "pids": pids,
+            "deadline": deadline,
+            "allow_tag": allow_tag,
+        }
+        image = None
+    elif memory or cpus or deadline or allow_tag:
+        err.print("[red]--memory, --cpus, --deadline and --allow-tag need --executor docker[/red]")
+        raise typer.Exit(2)
+    try:
+        run_agent(
+            api,
+            token,
+            name=name,
+            work_dir=work_dir,
+            executor=executor.value,
+            executor_options=executor_options,
+            poll_interval=poll,
+            claim_wait=claim_wait,
+            max_jobs=max_jobs,
+            images=image or [],
+        )
+    except (ExecutorUnavailable, WorkDirBusy) as exc:
+        err.print(f"[red]cannot start the worker:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
