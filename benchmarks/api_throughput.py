@@ -91,9 +91,9 @@ def _claim_thread(plan: ClaimPlan, token: str, deadline: float, out: ClaimOutcom
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=plan.url, headers=headers, timeout=REQUEST_TIMEOUT) as client:
         try:
-            registered = client.post(
-                "/api/v1/workers/register", json={"name": f"bench-{plan.process_index}"}
-            )
+            # A worker's name is its identity, unique per token: one name per thread.
+            name = f"bench-{plan.process_index}-{plan.tokens.index(token)}"
+            registered = client.post("/api/v1/workers/register", json={"name": name})
             registered.raise_for_status()
             worker_id = registered.json()["id"]
             for _ in range(MAX_CLAIMS_PER_THREAD):
