@@ -91,8 +91,9 @@ def _claim_thread(plan: ClaimPlan, token: str, deadline: float, out: ClaimOutcom
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=plan.url, headers=headers, timeout=REQUEST_TIMEOUT) as client:
         try:
-            # A worker's name is its identity, unique per token: one name per thread.
-            name = f"bench-{plan.process_index}-{plan.tokens.index(token)}"
+            # A worker's name is its identity, held by one token: name it after its token's
+            # id (`rpt_<id>_<secret>`), which no other round or thread shares.
+            name = f"bench-token-{token.split('_')[1]}"
             registered = client.post("/api/v1/workers/register", json={"name": name})
             registered.raise_for_status()
             worker_id = registered.json()["id"]
