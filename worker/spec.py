@@ -51,6 +51,9 @@ Autotune = Literal["autotune"]
 MAX_THREADS = 256
 MAX_PREFETCH_BATCHES = 256
 Threads = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_THREADS)]
+# Replicas become devices (GPUs, or logical CPU devices) on one worker.
+MAX_REPLICAS = 64
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 
 def _json_params(value: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +99,9 @@ class DatasetSpec(_Strict):
     ) = "autotune"
     deterministic_order: bool = True
     xla: bool = False
+    # A stored dataset, by content digest (`repro dataset push`); generators that read
+    # stored arrays (e.g. `arrays`) train on it.
+    data: str | None = Field(default=None, pattern=DIGEST_PATTERN)
 
 
 class ModelSpec(_Strict):
@@ -121,6 +127,8 @@ class TrainingSpec(_Strict):
     # None: a trace point at every epoch end; N: also one every N global steps.
     fingerprint_every_steps: PosInt | None = None
     checkpoint_every_epochs: PosInt = 1
+    # None: checkpoints at epoch ends only; K: also one every K global steps (resume mid-epoch).
+    checkpoint_every_steps: PosInt | None = None
 
 
 class DeterminismSpec(_Strict):
@@ -129,6 +137,12 @@ class DeterminismSpec(_Strict):
     inter_op_threads: Threads | None = None
     # Set before the job's interpreter starts; worker.run re-executes itself to apply it.
     python_hash_seed: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=4_294_967_295)] = 0
+
+
+class DistributionSpec(_Strict):
+    """Data-parallel training: each global batch is split over `replicas` devices."""
+
+    replicas: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_REPLICAS)] = 1
 
 
 class EnvironmentSpec(_Strict):
@@ -145,6 +159,7 @@ class ExperimentSpec(_Strict):
     model: ModelSpec
     training: TrainingSpec
     determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
+    distribution: DistributionSpec = Field(default_factory=DistributionSpec)
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
 
     @field_validator("seed", mode="before")
@@ -169,13 +184,33 @@ class ExperimentSpec(_Strict):
         return self.model_copy(update={"seed": seed_tuple(seed)})
 
     def canonical_json(self) -> str:
-        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling."""
-        return canonical_json(self.model_dump(mode="json"))
+        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling.
+
+        Fields added after the first spec version are left out while they hold their
+        default, so every spec written before them keeps its hash (and its reruns match).
+        """
+        data = self.model_dump(mode="json")
+        for path, default in _LATER_FIELDS:
+            *parents, key = path
+            target = data
+            for parent in parents:
+                target = target[parent]
+            if target.get(key) == default:
+                del target[key]
+        return canonical_json(data)
 
     def spec_hash(self) -> str:
         """`sha256:<hex>` of the canonical JSON; equal specs hash equal however written."""
         digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()
         return f"{HASH_ALGORITHM}:{digest}"
+
+
+# (path, default) of fields added after the first spec version.
+_LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("dataset", "data"), None),
+    (("training", "checkpoint_every_steps"), None),
+    (("distribution",), {"replicas": 1}),
+)
 
 
 def _canonical_value(value: Any, path: str) -> Any:

@@ -76,6 +76,8 @@ def _leaf_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...
 def _changed(path: tuple[Any, ...], value: Any) -> Any:
     """A different value of the same kind, valid wherever the original was."""
     if value is None:
+        if path == ("dataset", "data"):
+            return "sha256:" + "ab" * 32
         return "registry.example/img:1" if path == ("environment", "image") else 2
     if value == "autotune":
         return 3
@@ -115,6 +117,30 @@ def test_defaults_written_out_hash_like_defaults_left_out() -> None:
     explicit["determinism"] = {"op_determinism": True, "python_hash_seed": 0}
     explicit["dataset"]["num_parallel_calls"] = "autotune"
     assert parse_spec(explicit).spec_hash() == parse_spec(BASE).spec_hash()
+
+
+def test_fields_added_later_keep_older_hashes_while_at_their_defaults() -> None:
+    explicit = copy.deepcopy(BASE)
+    explicit["distribution"] = {"replicas": 1}
+    explicit["dataset"]["data"] = None
+    explicit["training"]["checkpoint_every_steps"] = None
+    canonical = parse_spec(explicit).canonical_json()
+    assert "distribution" not in canonical and "checkpoint_every_steps" not in canonical
+    assert '"data"' not in canonical
+    assert parse_spec(explicit).spec_hash() == parse_spec(BASE).spec_hash()
+    two = copy.deepcopy(BASE)
+    two["distribution"] = {"replicas": 2}
+    assert '"distribution":{"replicas":2}' in parse_spec(two).canonical_json()
+
+
+def test_bad_replicas_and_dataset_digests_are_refused() -> None:
+    for distribution in ({"replicas": 0}, {"replicas": 65}, {"replicas": "2"}):
+        with pytest.raises(SpecError, match=r"distribution\.replicas"):
+            parse_spec(dict(BASE, distribution=distribution))
+    bad = copy.deepcopy(BASE)
+    bad["dataset"]["data"] = "md5:abc"
+    with pytest.raises(SpecError, match=r"dataset\.data"):
+        parse_spec(bad)
 
 
 def test_int_seed_is_the_pair_with_zero() -> None:
