@@ -15,17 +15,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from worker import gpu_info
+from worker import environment_capture, gpu_info
 
 _T = TypeVar("_T")
 
-_RELEVANT_NAME = re.compile(
-    r"(?:TF|CUDA|CUDNN|NVIDIA|XLA|OMP|MKL|KMP|OPENBLAS|ONEDNN|DNNL|REPRO)_"
-    r"|(?:PYTHONHASHSEED|CUBLAS_WORKSPACE_CONFIG|LD_PRELOAD)$"
-)
-_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
-# A variable such as REPRO_DATABASE_URL can carry a password in its value, not its name.
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 _CONTAINER_MARKERS = ("docker", "containerd", "kubepods")
 _GIT_TIMEOUT_S = 10.0
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -54,20 +47,16 @@ def package_set_digest(*, packages: Iterable[tuple[str, str]] | None = None) -> 
     return {"count": len(entries), "digest": _digest(entries)}
 
 
-def _is_secret(name: str) -> bool:
-    upper = name.upper()
-    return any(marker in upper for marker in _SECRET_MARKERS)
-
-
 def relevant_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment variables that can change numerics or threading, without secrets, sorted."""
-    source = os.environ if environ is None else environ
-    kept = {
-        name: _URL_CREDENTIALS.sub(r"\g<scheme>***@", value)
-        for name, value in source.items()
-        if _RELEVANT_NAME.match(name) and not _is_secret(name)
-    }
-    return dict(sorted(kept.items()))
+    """Values of the variables known to change numerics (never a secret's), sorted by name."""
+    values, _ = environment_capture.capture_environment(environ, key=b"values only")
+    return values
+
+
+def _environment(errors: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    no_digests: dict[str, Any] = {"key_id": None, "key_source": None, "variables": {}}
+    captured = _probe(errors, "environment", environment_capture.capture_environment, None)
+    return ({}, no_digests) if captured is None else captured
 
 
 def _read_text(path: str) -> str | None:
@@ -256,12 +245,12 @@ def capture_provenance(
     unknown_commit: tuple[str | None, bool | None] = (None, None)
     commit, dirty = _probe(errors, "package.git", git_commit, unknown_commit)
     no_gpus: list[dict[str, Any]] = []
-    no_environment: dict[str, str] = {}
     no_loaded: dict[str, str | None] = dict.fromkeys(
         ("driver_version", "runtime_version", "cudnn_version")
     )
     no_packages: dict[str, Any] = {"count": None, "digest": None}
     libc_name, libc_version = _probe(errors, "os.libc", platform.libc_ver, ("", ""))
+    environment, environment_digests = _environment(errors)
     return {
         "spec_hash": spec_hash,
         "seed": [int(seed[0]), int(seed[1])],
@@ -313,7 +302,10 @@ def capture_provenance(
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         },
         "determinism": _json_safe(determinism),
-        "environment": _probe(errors, "environment", relevant_environment, no_environment),
+        # Values of the variables known to change numerics; every other variable by name
+        # with a keyed digest of its value (see worker/environment_capture.py).
+        "environment": environment,
+        "environment_digests": environment_digests,
         "packages": _probe(errors, "packages", package_set_digest, no_packages),
         "captured_at": datetime.now(UTC).isoformat(),
         "probe_errors": errors,
@@ -336,12 +328,14 @@ _BREAKING: tuple[tuple[str, str], ...] = (
     ("cpu.model", "another CPU model: vector kernels and their reduction order may differ"),
     ("threads.", "other thread counts: parallel reductions sum in another order"),
     ("determinism.", "other determinism settings"),
-    ("environment.", "an environment variable read by TensorFlow, CUDA or the math libraries"),
     ("packages.", "another set of installed packages"),
     ("os.libc", "another C library: libm's transcendental functions may round differently"),
     ("python.version", "another Python: its packages are other builds"),
 )
 _IGNORED = ("captured_at",)
+# Told variable by variable by environment_capture.diff_environment, which never shows a value
+# recorded only as a digest and knows which variables can change numerics.
+_ENVIRONMENT_SECTIONS = ("environment", "environment_digests")
 
 
 def _classify(field: str) -> tuple[bool, str | None]:
@@ -356,18 +350,21 @@ def diff_provenance(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str
 
     Each entry is `{"field", "a", "b", "breaks_reproducibility", "why"}` with dotted field
     names (`libraries.tensorflow`, `environment.TF_NUM_INTEROP_THREADS`); a field missing on
-    one side has None there. The capture time is not compared.
+    one side has None there. An environment variable recorded only as a keyed digest shows
+    as `hidden:<digest prefix>`, never by value. The capture time is not compared.
     """
-    flat_a, flat_b = flatten_provenance(a), flatten_provenance(b)
+    rest_a = {k: v for k, v in a.items() if k not in _ENVIRONMENT_SECTIONS}
+    rest_b = {k: v for k, v in b.items() if k not in _ENVIRONMENT_SECTIONS}
+    flat_a, flat_b = flatten_provenance(rest_a), flatten_provenance(rest_b)
     fields = set(flat_a) | set(flat_b)
-    # An empty section on one side ({"environment": {}}) is already told by its fields.
+    # An empty section on one side ({"gpus": []}) is already told by its fields.
     covered = {
         f
         for f in fields
         if (flat_a.get(f) in ({}, []) or flat_b.get(f) in ({}, []))
         and any(other.startswith(f + ".") for other in fields)
     }
-    entries = []
+    entries = environment_capture.diff_environment(a, b)
     for field in sorted(fields - covered):
         if field in _IGNORED or flat_a.get(field) == flat_b.get(field):
             continue

@@ -22,7 +22,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CPU and OS", ("cpu", "os")),
     ("Threads", ("threads",)),
     ("Determinism settings", ("determinism",)),
-    ("Environment variables", ("environment",)),
+    # Values of the variables known to change numerics; keyed digests of all the others.
+    ("Environment variables", ("environment", "environment_digests")),
 )
 _LEDGER_KEYS = ("seed", "seeded", "init_seed", "reseed", "python_hash_seed", "hash_randomization")
 

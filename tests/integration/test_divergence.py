@@ -67,7 +67,7 @@ def test_one_ulp_after_an_epoch_is_found_at_that_epoch_in_that_variable(
         spec, tmp_path / "clean", "--checkpoint-dir", str(tmp_path / "ck-clean"),
         extra_paths=plugin_paths,
     )  # fmt: skip
-    env = {PERTURB: f"{TARGET}@epoch:2"}
+    env = {PERTURB: f"{TARGET}@epoch:2", "REPRO_NUMERIC_ENV_VARS": PERTURB}
     nudged = run_job(
         spec, tmp_path / "nudged", "--checkpoint-dir", str(tmp_path / "ck-nudged"),
         extra_paths=plugin_paths, env=env,
@@ -149,6 +149,8 @@ def test_service_diagnoses_refines_to_the_step_and_audits(
     paths = {"PYTHONPATH": job_env(plugin_paths)["PYTHONPATH"]}
     # A short lease: a stopped worker stops counting as live (for spreading audit copies) soon.
     leases = {"REPRO_LEASE_SECONDS": "6", "REPRO_HEARTBEAT_SECONDS": "2"}
+    # The plugin reads PERTURB: the operator lists it, so provenance records its value.
+    leases["REPRO_NUMERIC_ENV_VARS"] = PERTURB
     service = Service(
         tmp_path / "data", database_url=database_url, extra=("--no-demo",), env={**paths, **leases}
     )

@@ -35,6 +35,7 @@ TOP_LEVEL_KEYS = {
     "threads",
     "determinism",
     "environment",
+    "environment_digests",
     "packages",
     "captured_at",
     "probe_errors",
@@ -64,7 +65,7 @@ def captured() -> dict[str, Any]:
     )
 
 
-def test_relevant_environment_keeps_numeric_settings_and_drops_the_rest() -> None:
+def test_relevant_environment_keeps_values_of_numeric_settings_only() -> None:
     environ = {
         "OMP_NUM_THREADS": "4",
         "TF_DETERMINISTIC_OPS": "1",
@@ -82,15 +83,14 @@ def test_relevant_environment_keeps_numeric_settings_and_drops_the_rest() -> Non
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
         "OMP_NUM_THREADS": "4",
         "PYTHONHASHSEED": "0",
-        "REPRO_IMAGE_REF": "reprotrain/worker:1",
         "TF_DETERMINISTIC_OPS": "1",
         "TF_ENABLE_ONEDNN_OPTS": "0",
     }
 
 
 def test_relevant_environment_result_is_sorted() -> None:
-    kept = provenance.relevant_environment({"TF_B": "1", "OMP_A": "2", "CUDA_C": "3"})
-    assert list(kept) == ["CUDA_C", "OMP_A", "TF_B"]
+    kept = provenance.relevant_environment({"TF_GPU_B": "1", "OMP_A": "2", "CUDA_C": "3"})
+    assert list(kept) == ["CUDA_C", "OMP_A", "TF_GPU_B"]
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,8 @@ def test_relevant_environment_never_records_secret_names(name: str) -> None:
 
 
 def test_relevant_environment_masks_credentials_inside_urls() -> None:
-    kept = provenance.relevant_environment({"REPRO_DATABASE_URL": "postgres://u:pw@db:5432/x"})
-    assert kept == {"REPRO_DATABASE_URL": "postgres://***@db:5432/x"}
+    kept = provenance.relevant_environment({"TF_CONFIG": "postgres://u:pw@db:5432/x"})
+    assert kept == {"TF_CONFIG": "postgres://***@db:5432/x"}
 
 
 def test_relevant_environment_defaults_to_process_environment(
