@@ -80,3 +80,30 @@ class GRUParams(_Params):
     embed_dim: Annotated[int, Field(ge=2, le=4096)] = 32
     units: Annotated[int, Field(ge=1, le=4096)] = 32
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+class ArraysParams(_Params):
+    """Samples from a stored dataset (spec `dataset.data`): rows of the arrays `x` and `y`.
+
+    A fraction of the rows is held out for evaluation by a stateless split keyed by
+    `split_seed` (part of the task, like a dataset's test split: runs with other seeds
+    evaluate on the same rows). Training rows are shuffled per epoch by a stateless
+    permutation; augmentation applies to training batches only, keyed by the batch seed.
+    """
+
+    x: str = Field(default="x", min_length=1, max_length=200)
+    y: str = Field(default="y", min_length=1, max_length=200)
+    # None: integer labels are classes 0..max(y); float labels are regression targets.
+    num_classes: Annotated[int, Field(ge=2, le=1_000_000)] | None = None
+    eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    split_seed: Annotated[int, Field(ge=0)] = 0
+    shuffle: bool = True
+    # x becomes float32 x * scale + offset (e.g. scale 1/255 for uint8 pixels).
+    scale: float = 1.0
+    offset: float = 0.0
+    # Augmentation of training images [H, W, C], each sample drawn independently.
+    flip_left_right: bool = False
+    crop_padding: Annotated[int, Field(ge=0, le=256)] = 0  # pad, then crop back at random
+    brightness: Annotated[float, Field(ge=0)] = 0.0  # add U(-b, b)
+    contrast: Annotated[float, Field(ge=0, lt=1)] = 0.0  # scale around the mean by U(1-c, 1+c)
+    noise_stddev: Annotated[float, Field(ge=0)] = 0.0  # add N(0, s^2)

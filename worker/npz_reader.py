@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ class Member:
     shape: tuple[int, ...]
     fortran_order: bool
     nbytes: int
+    compressed: bool = False
 
 
 def _header(
@@ -57,17 +59,22 @@ def _header(
         return (*parsed, fh.tell())
 
 
-def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> Member:
+def _member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, *, compressed_ok: bool = False
+) -> Member:
     name = info.filename
     if not name.endswith(".npy") or "/" in name:
         raise CheckpointRefused(f"{where}: member {name!r} is not a top-level .npy array")
-    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+    compressed = info.compress_type != zipfile.ZIP_STORED
+    if compressed and compressed_ok and info.compress_type != zipfile.ZIP_DEFLATED:
+        raise CheckpointRefused(f"{where}: member {name!r} uses an unsupported compression")
+    if not compressed_ok and (compressed or info.compress_size != info.file_size):
         # The job writes checkpoints with np.savez (stored, never compressed); a compressed
         # member can declare any inflated size, so it is not read at all.
         raise CheckpointRefused(f"{where}: member {name!r} is compressed; checkpoints are stored")
     try:
         shape, fortran_order, dtype, header_bytes = _header(zf, info)
-    except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile, zlib.error) as exc:
         raise CheckpointRefused(
             f"{where}: member {name!r} has no valid .npy header ({exc})"
         ) from exc
@@ -82,10 +89,12 @@ def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> Member:
             f"{where}: member {name!r} declares {nbytes} bytes of data but holds "
             f"{info.file_size} bytes"
         )
-    return Member(name[: -len(".npy")], dtype, tuple(shape), bool(fortran_order), nbytes)
+    return Member(
+        name[: -len(".npy")], dtype, tuple(shape), bool(fortran_order), nbytes, compressed
+    )
 
 
-def _check_directory(path: Path, max_members: int) -> None:
+def _check_directory(path: Path, max_members: int, too_many: str) -> None:
     """Refuse a zip whose central directory lists more members than allowed, or is larger
     than such a directory can be, before `zipfile` parses it (it builds an object per entry)."""
     where = Path(path).name
@@ -109,17 +118,26 @@ def _check_directory(path: Path, max_members: int) -> None:
                 raise CheckpointRefused(f"{where}: zip64 end record not found")
             entries, directory_bytes = struct.unpack("<QQ", record[32:48])
     if entries > max_members:
-        raise CheckpointRefused(f"{where}: {entries} arrays where the model has {max_members}")
+        raise CheckpointRefused(f"{where}: {entries} arrays where {too_many} {max_members}")
     if directory_bytes > (max_members + 1) * _MAX_DIRECTORY_ENTRY:
         raise CheckpointRefused(f"{where}: a {directory_bytes}-byte zip directory")
 
 
-def inspect_npz(path: Path, *, max_members: int, max_bytes: int | None) -> dict[str, Member]:
+def inspect_npz(
+    path: Path,
+    *,
+    max_members: int,
+    max_bytes: int | None,
+    compressed_ok: bool = False,
+    too_many: str = "the model has",
+) -> dict[str, Member]:
     """Every member of the npz as declared, checked, in zip order; nothing is inflated.
 
     CheckpointRefused if the file is not a zip, has more than `max_members` members, a
     member that is not a plain numeric `.npy` of exactly its declared size, or members
-    declaring more than `max_bytes` in total (None: no total bound).
+    declaring more than `max_bytes` in total (None: no total bound). Deflated members are
+    refused unless `compressed_ok` (datasets may be written with np.savez_compressed); the
+    zip's declared inflated size and CRC still bound and check what reading them yields.
     """
     where = Path(path).name
     try:
@@ -127,17 +145,17 @@ def inspect_npz(path: Path, *, max_members: int, max_bytes: int | None) -> dict[
     except OSError as exc:  # gone or unreadable: not the file's fault, nothing refused
         raise CheckpointError(f"{where}: cannot be read ({exc})") from exc
     try:
-        _check_directory(path, max_members)
+        _check_directory(path, max_members, too_many)
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
             if len(infos) > max_members:
                 raise CheckpointRefused(
-                    f"{where}: {len(infos)} arrays where the model has {max_members}"
+                    f"{where}: {len(infos)} arrays where {too_many} {max_members}"
                 )
             members: dict[str, Member] = {}
             total = 0
             for info in infos:
-                member = _member(zf, info, where)
+                member = _member(zf, info, where, compressed_ok=compressed_ok)
                 if member.name in members:
                     raise CheckpointRefused(f"{where}: member {member.name!r} appears twice")
                 total += member.nbytes
@@ -149,7 +167,8 @@ def inspect_npz(path: Path, *, max_members: int, max_bytes: int | None) -> dict[
                 members[member.name] = member
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
         raise CheckpointRefused(f"{where}: not a readable npz ({exc})") from exc
-    if sum(m.nbytes for m in members.values()) > size:
+    # Stored members hold their bytes in the file; deflated ones are bounded by max_bytes.
+    if sum(m.nbytes for m in members.values() if not m.compressed) > size:
         raise CheckpointRefused(f"{where}: its arrays declare more bytes than the file holds")
     return members
 

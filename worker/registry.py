@@ -118,6 +118,13 @@ _BUILTINS: tuple[Component, ...] = (
         data_info=ms.token_sequences_info,
     ),
     Component(
+        "generator",
+        "arrays",
+        "worker.array_data:arrays",
+        "builtin",
+        bp.ArraysParams,
+    ),
+    Component(
         "architecture",
         "mlp",
         "worker.architectures:mlp",
@@ -207,6 +214,7 @@ def check_spec(spec: ExperimentSpec) -> None:
     a worker for more than it gives (`check_resources`)."""
     gen = get_component("generator", spec.dataset.generator, loc="dataset.generator")
     gen.validate_params(spec.dataset.params, loc="dataset.params")
+    _check_stored_data(spec)
     arch = get_component("architecture", spec.model.architecture, loc="model.architecture")
     arch.validate_params(spec.model.params, loc="model.params")
     named = (
@@ -235,6 +243,20 @@ def check_spec(spec: ExperimentSpec) -> None:
                 "metric", metric, list(METRICS), loc=f"training.metrics.{i}"
             )
     check_resources(spec)
+
+
+def _check_stored_data(spec: ExperimentSpec) -> None:
+    """The `arrays` generator needs a dataset, and runs without XLA."""
+    ds = spec.dataset
+    if ds.generator != "arrays":
+        return
+    if ds.data is None:
+        msg = "the arrays generator trains on a stored dataset: give its digest (sha256:...)"
+        raise SpecError(f"dataset.data: {msg}", errors=[{"loc": "dataset.data", "msg": msg}])
+    if ds.xla:
+        # index_shuffle (RandomIndexShuffle) has no XLA kernel in TensorFlow.
+        msg = "the arrays generator's stateless shuffle cannot be compiled with XLA"
+        raise SpecError(f"dataset.xla: {msg}", errors=[{"loc": "dataset.xla", "msg": msg}])
 
 
 # Hard bounds a worker applies whatever server sent the spec (an operator may set lower ones).

@@ -45,7 +45,8 @@ _STATEFUL_RANDOM_OPS = frozenset(
         "RngSkip",
         "RngReadAndSkip",
         "NonDeterministicInts",
-        "RandomIndexShuffle",
+        # Not "RandomIndexShuffle": despite its name it is a pure function of (index, seed,
+        # max_index) (its op def is not stateful) and is how index_shuffle permutes ids.
         "ExperimentalRandomDataset",
         "RandomDataset",
     }
@@ -79,6 +80,7 @@ class StatelessRngDataset:
         stream: int = 0,
         forbid_stateful_rng: bool = False,
         name: str | None = None,
+        pass_epoch_seed: bool = False,
     ) -> None:
         if batch_size < 1 or num_batches < 1:
             raise ValueError("batch_size and num_batches must be positive")
@@ -97,9 +99,16 @@ class StatelessRngDataset:
         self.name: str = name or str(getattr(batch_generator, "__name__", "batch_generator"))
         self._raw_generator = batch_generator
         self._seed: SeedTuple = resolve_seed(base_seed)
+        # A generator that shuffles per epoch also gets the epoch's seed (BatchSource).
+        self.pass_epoch_seed = pass_epoch_seed
+        epoch_spec = [tf.TensorSpec([2], tf.int64, name="epoch_seed")] if pass_epoch_seed else []
         self._generator = tf.function(
             batch_generator,
-            input_signature=[tf.TensorSpec([None], tf.int64, name="indices"), _SEED_SPEC],
+            input_signature=[
+                tf.TensorSpec([None], tf.int64, name="indices"),
+                _SEED_SPEC,
+                *epoch_spec,
+            ],
             jit_compile=xla_compile_generator,
             reduce_retracing=True,
         )
@@ -169,6 +178,7 @@ class StatelessRngDataset:
             "shard_key": self.shard_key,
             "stream": self.stream,
             "name": self.name,
+            "pass_epoch_seed": self.pass_epoch_seed,
         }
         args.update(changes)
         return StatelessRngDataset(self._raw_generator, **args)
@@ -184,6 +194,10 @@ class StatelessRngDataset:
         batch_id = tf.cast(batch_id, tf.int64)
         start = batch_id * self.batch_size
         indices = tf.range(start, start + self.batch_size, dtype=tf.int64)
+        if self.pass_epoch_seed:
+            return self._generator(
+                indices, self.batch_seed(batch_id), tf.constant(self._prefix_seed)
+            )
         return self._generator(indices, self.batch_seed(batch_id))
 
     def as_dataset(self) -> tf.data.Dataset:
