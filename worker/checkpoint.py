@@ -1,8 +1,9 @@
-"""Epoch-boundary checkpoints of the full training state, written atomically.
+"""Checkpoints of the full training state at epoch ends and every K steps, written atomically.
 
 A checkpoint is `epoch-NNNNNN.npz` (the arrays) plus `epoch-NNNNNN.json` (manifest,
-metadata and the npz's SHA-256). The JSON is written last, so a checkpoint without it
-is incomplete and ignored; one whose npz digest does not match is corrupt and skipped.
+metadata and the npz's SHA-256), or `step-NNNNNNNNN.*` (global step) for one taken
+mid-epoch. The JSON is written last, so a checkpoint without it is incomplete and
+ignored; one whose npz digest does not match is corrupt and skipped.
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ from worker.errors import CheckpointError, CheckpointRefused
 from worker.fingerprint import DEFAULT_ALGORITHM, StateFingerprint, fingerprint_arrays
 from worker.npz_reader import Member, inspect_npz, iter_arrays
 
-_NAME = re.compile(r"^epoch-(\d{6})\.json$")
+_NAME = re.compile(r"^(?:epoch-(\d{6})|step-(\d{9}))\.json$")
 # A checkpoint's JSON holds its manifest and the trace so far; far below this in practice.
 MAX_MANIFEST_BYTES = 256 * 1024**2
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A loaded checkpoint: the state after `epoch` epochs and `step` steps."""
+    """A loaded checkpoint: the state after `step` global steps.
+
+    An epoch checkpoint (`batch` None) holds `epoch` complete epochs; a step checkpoint
+    holds `batch` batches of epoch `epoch`, which is still in progress.
+    """
 
     path: Path
     epoch: int
@@ -37,6 +42,12 @@ class Checkpoint:
     meta: dict[str, Any]
     manifest: list[dict[str, Any]]
     arrays: list[np.ndarray]
+    batch: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """ "epoch" or "step"."""
+        return "epoch" if self.batch is None else "step"
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -63,10 +74,14 @@ def save_checkpoint(
     step: int,
     state: Sequence[tuple[str, Any]],
     meta: dict[str, Any],
+    batch: int | None = None,
 ) -> Path:
-    """Write the variables of `state` ((path, variable) pairs) and `meta`; returns the JSON path."""
+    """Write the variables of `state` ((path, variable) pairs) and `meta`; returns the JSON path.
+
+    With `batch` it is a step checkpoint: `batch` batches of epoch `epoch` are done.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"epoch-{epoch:06d}"
+    stem = f"epoch-{epoch:06d}" if batch is None else step_stem(step)
     arrays = {f"v{i}": np.asarray(var.numpy()) for i, (_, var) in enumerate(state)}
     manifest = [
         {"path": path, "dtype": arrays[f"v{i}"].dtype.name, "shape": list(arrays[f"v{i}"].shape)}
@@ -79,10 +94,12 @@ def save_checkpoint(
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, npz_path)
-    doc = {
+    doc: dict[str, Any] = {
         "format": 1,
+        "kind": "epoch" if batch is None else "step",
         "epoch": epoch,
         "step": step,
+        **({} if batch is None else {"batch": batch}),
         "arrays": npz_path.name,
         "arrays_sha256": _sha256_file(npz_path),
         "manifest": manifest,
@@ -93,25 +110,59 @@ def save_checkpoint(
     return json_path
 
 
+def step_stem(step: int) -> str:
+    """The file stem of the step checkpoint after global step `step`."""
+    return f"step-{step:09d}"
+
+
+def _position(path: Path) -> tuple[int, int]:
+    """(global step, 1 for an epoch checkpoint else 0): training order, epoch ends last."""
+    match = _NAME.match(path.name)
+    if match is not None and match.group(2) is not None:
+        return int(match.group(2)), 0
+    try:  # an epoch checkpoint's name has no step; its JSON does
+        return int(json.loads(path.read_text())["step"]), 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1, 1  # unreadable: tried last, and reported when loading fails
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoint JSON files in the directory, oldest epoch first."""
+    """Checkpoint JSON files (epoch and step) in the directory, oldest global step first."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+    found = sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+    return sorted(found, key=_position)
 
 
-def load_checkpoint(json_path: Path) -> Checkpoint:
-    """Read and verify one checkpoint; CheckpointError if it is incomplete or corrupt."""
+def _read_doc(json_path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(json_path.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict):
+            raise ValueError("not a checkpoint document")
+        return doc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{json_path.name}: unreadable checkpoint ({exc})") from exc
+
+
+def load_checkpoint(json_path: Path, doc: dict[str, Any] | None = None) -> Checkpoint:
+    """Read and verify one checkpoint; CheckpointError if it is incomplete or corrupt."""
+    try:
+        doc = doc if doc is not None else _read_doc(json_path)
         npz_path = json_path.with_name(doc["arrays"])
         if _sha256_file(npz_path) != doc["arrays_sha256"]:
             raise CheckpointError(f"{npz_path.name}: contents do not match the recorded digest")
         names = [f"v{i}" for i in range(len(doc["manifest"]))]
         members = inspect_npz(npz_path, max_members=len(names), max_bytes=None)
         arrays = [array for _, array in iter_arrays(npz_path, members, names)]
+        batch = int(doc["batch"]) if doc.get("kind") == "step" else None
         return Checkpoint(
-            json_path, int(doc["epoch"]), int(doc["step"]), doc["meta"], doc["manifest"], arrays
+            json_path,
+            int(doc["epoch"]),
+            int(doc["step"]),
+            doc["meta"],
+            doc["manifest"],
+            arrays,
+            batch,
         )
     except CheckpointError:
         raise
@@ -119,19 +170,31 @@ def load_checkpoint(json_path: Path) -> Checkpoint:
         raise CheckpointError(f"{json_path.name}: unreadable checkpoint ({exc})") from exc
 
 
-def load_latest(directory: Path, *, spec_hash: str) -> tuple[Checkpoint | None, list[str]]:
-    """The newest intact checkpoint of this experiment, and warnings about skipped ones."""
+def load_latest(
+    directory: Path, *, spec_hash: str, replicas: int = 1
+) -> tuple[Checkpoint | None, list[str]]:
+    """The newest intact checkpoint of this experiment, and warnings about skipped ones.
+
+    A checkpoint of another spec or another replica count is skipped before its arrays
+    are read. Checkpoints written before replicas existed count as one replica.
+    """
     warnings: list[str] = []
     for json_path in reversed(list_checkpoints(directory)):
         try:
-            ckpt = load_checkpoint(json_path)
+            doc = _read_doc(json_path)
+            theirs = doc["meta"].get("replicas", 1)
+            if theirs != replicas:
+                warnings.append(
+                    f"skipped checkpoint {json_path.name}: it was written with {theirs} "
+                    f"replica(s), this job has {replicas}"
+                )
+                continue
+            if doc["meta"].get("spec_hash") != spec_hash:
+                warnings.append(f"skipped checkpoint {json_path.name}: it belongs to another spec")
+                continue
+            return load_checkpoint(json_path, doc), warnings
         except CheckpointError as exc:
             warnings.append(f"skipped checkpoint: {exc}")
-            continue
-        if ckpt.meta.get("spec_hash") != spec_hash:
-            warnings.append(f"skipped checkpoint {json_path.name}: it belongs to another spec")
-            continue
-        return ckpt, warnings
     return None, warnings
 
 
@@ -146,6 +209,12 @@ def restore(ckpt: Checkpoint, state: Sequence[tuple[str, Any]]) -> None:
         if tuple(var.shape) != array.shape:
             raise CheckpointError(f"{path}: saved shape {array.shape} != model {tuple(var.shape)}")
         var.assign(array)
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The global step of a step checkpoint file name (`step-000000030.json` or `.npz`)."""
+    match = re.match(r"^step-(\d{9})\.(?:json|npz)$", Path(name).name)
+    return int(match.group(1)) if match else None
 
 
 def checkpoint_epoch(name: str) -> int | None:

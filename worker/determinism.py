@@ -56,6 +56,47 @@ def reseed(seed: SeedTuple, *keys: int | str) -> int:
     return value
 
 
+def rng_state() -> dict[str, Any]:
+    """The process-global RNG states a step checkpoint keeps, as JSON-safe values.
+
+    Epoch starts reseed everything from (seed, epoch), so only a resume in mid-epoch needs
+    these: Python's `random`, NumPy's global generator and Keras's global SeedGenerator
+    (used by `keras.random` calls without a seed; absent until something draws from it).
+    Layer seed generators are model variables and travel with the checkpoint's arrays.
+    """
+    import numpy as np
+    from keras.src.backend.common import global_state
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    generator = global_state.get_global_attribute("global_seed_generator")
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
+        "keras_global_seed_generator": (
+            None if generator is None else np.asarray(generator.state.numpy()).tolist()
+        ),
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what `rng_state` recorded."""
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import global_seed_generator
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    saved = state.get("keras_global_seed_generator")
+    if saved is None:
+        global_state.set_global_attribute("global_seed_generator", None)
+    else:
+        generator = global_seed_generator()
+        generator.state.assign(np.asarray(saved, dtype=generator.state.dtype))
+
+
 def apply(spec: DeterminismSpec, seed: SeedTuple) -> dict[str, Any]:
     """Set up this process for deterministic training and return what was set.
 

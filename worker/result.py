@@ -51,7 +51,8 @@ class JobResult(BaseModel):
     data_fingerprints: list[DataFingerprint] = Field(default_factory=list)
     eval_data_fingerprint: str | None = None
     checkpoints: list[str] = Field(default_factory=list)
-    resumed_from_epoch: int | None = None
+    resumed_from_epoch: int | None = None  # set when resumed from an epoch checkpoint
+    resumed_from_step: int | None = None  # global step of the checkpoint resumed from
     interrupted_after_epoch: int | None = None
     until_epoch: int | None = None  # set when asked to finish early (a re-trace)
     warnings: list[str] = Field(default_factory=list)

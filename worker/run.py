@@ -1,6 +1,12 @@
 """Run one job in this process: `python -m worker.run --spec S --out R`.
 
-Options: `--checkpoint-dir D` keeps epoch checkpoints; `--resume` continues from the newest.
+Options: `--checkpoint-dir D` keeps epoch checkpoints (and step checkpoints when the spec
+sets `training.checkpoint_every_steps`); `--resume` continues from the newest of either.
+`--no-logical-devices` refuses to split the CPU into logical devices for replicas.
+`--steps-per-call N` runs up to N optimizer steps per compiled call (default 1);
+traces and fingerprints do not depend on it.
+`--dataset-file F` is the stored dataset the spec names by digest (`dataset.data`): the
+file's digest must equal it. `--export-model M.keras` saves the final model on success.
 
 The process re-executes itself once if its environment lacks what determinism needs
 (PYTHONHASHSEED and thread variables only count at interpreter start). A result
@@ -20,7 +26,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from worker.errors import SpecError
 from worker.model_size import check_parameter_limit
@@ -63,6 +69,29 @@ def _parser() -> argparse.ArgumentParser:
         help="finish after epoch E: with --resume and --trace-every-steps, re-traces one stretch",
     )
     p.add_argument(
+        "--dataset-file",
+        type=Path,
+        metavar="F",
+        help="the dataset file whose digest the spec names in dataset.data",
+    )
+    p.add_argument(
+        "--export-model",
+        type=Path,
+        metavar="M.keras",
+        help="on success, save the final model here in Keras's native format",
+    )
+    p.add_argument(
+        "--steps-per-call",
+        type=int,
+        metavar="N",
+        help="run up to N steps per compiled call (default 1: one step per call)",
+    )
+    p.add_argument(
+        "--no-logical-devices",
+        action="store_true",
+        help="without GPUs, fail a spec with replicas > 1 instead of using logical CPU devices",
+    )
+    p.add_argument(
         "--max-model-parameters",
         type=int,
         metavar="N",
@@ -81,6 +110,39 @@ def _reexec_if_needed(spec: ExperimentSpec, argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "worker.run", *argv], env)
+
+
+def _open_dataset(
+    spec: ExperimentSpec, dataset_file: Path | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(arrays, provenance record) of the spec's dataset after checking the file is it."""
+    from worker.dataset_format import (
+        DatasetFormatError,
+        file_digest,
+        inspect_dataset,
+        open_arrays,
+    )
+
+    wanted = spec.dataset.data
+    if wanted is None and dataset_file is None:
+        return None, None
+
+    def refuse(msg: str) -> SpecError:
+        return SpecError(f"dataset.data: {msg}", errors=[{"loc": "dataset.data", "msg": msg}])
+
+    if wanted is None:
+        raise refuse("a dataset file was given but the spec names no dataset by digest")
+    if dataset_file is None:
+        raise refuse(f"the spec trains on dataset {wanted} but the job was given no file")
+    digest = file_digest(dataset_file)
+    if digest != wanted:
+        raise refuse(f"{dataset_file.name} has digest {digest}, not the spec's {wanted}")
+    try:
+        info = inspect_dataset(dataset_file)
+        arrays = open_arrays(dataset_file)
+    except DatasetFormatError as exc:
+        raise refuse(str(exc)) from None
+    return arrays, {"digest": digest, **info.as_record()}
 
 
 def _failure(
@@ -126,6 +188,10 @@ def run_job(
     max_model_parameters: int | None = None,
     trace_every_steps: int | None = None,
     until_epoch: int | None = None,
+    dataset_file: Path | None = None,
+    export_model: Path | None = None,
+    allow_logical_devices: bool = True,
+    steps_per_call: int | None = None,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -149,6 +215,7 @@ def run_job(
                 check_parameter_limit(
                     parameters, max_model_parameters, how="computed from the spec"
                 )
+        arrays, dataset_record = _open_dataset(resolved, dataset_file)
 
         from worker.provenance import capture_provenance
         from worker.training import run_training
@@ -165,10 +232,15 @@ def run_job(
             max_model_parameters=max_model_parameters,
             trace_every_steps=trace_every_steps,
             until_epoch=until_epoch,
+            data=arrays,
+            allow_logical_devices=allow_logical_devices,
+            steps_per_call=steps_per_call,
         )
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
         )
+        if dataset_record is not None:
+            result.provenance["dataset"] = dataset_record
         every = trace_every_steps or resolved.training.fingerprint_every_steps
         interrupted = outcome.interrupted_after_epoch
         result.determinism = outcome.determinism
@@ -181,12 +253,18 @@ def run_job(
         if checkpoint_dir is not None:
             result.checkpoints = [str(checkpoint_dir / c) for c in outcome.checkpoints]
         result.resumed_from_epoch = outcome.resumed_from_epoch
+        result.resumed_from_step = outcome.resumed_from_step
         result.interrupted_after_epoch = interrupted
         result.until_epoch = (
             until_epoch if until_epoch and until_epoch < spec.training.epochs else None
         )
         result.warnings = outcome.warnings
         result.timings = {"startup": round(startup, 6), **outcome.timings}
+        if export_model is not None and not interrupted and outcome.model is not None:
+            t_export = time.monotonic()
+            export_model.parent.mkdir(parents=True, exist_ok=True)
+            outcome.model.save(export_model)
+            result.timings["export_model"] = round(time.monotonic() - t_export, 6)
         result.status = "interrupted" if interrupted else "succeeded"
     except Exception as exc:  # the job's error goes into its result; the process survives
         _failure(exc, result)
@@ -207,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.resume and args.checkpoint_dir is None:
             raise SpecError("--resume needs --checkpoint-dir")
-        for option in ("trace_every_steps", "until_epoch", "stop_after_epoch"):
+        if args.export_model is not None and args.export_model.suffix != ".keras":
+            raise SpecError(f"--export-model must end in .keras, got {args.export_model.name}")
+        for option in ("trace_every_steps", "until_epoch", "stop_after_epoch", "steps_per_call"):
             value = getattr(args, option)
             if value is not None and value < 1:
                 raise SpecError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
@@ -227,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             max_model_parameters=args.max_model_parameters,
             trace_every_steps=args.trace_every_steps,
             until_epoch=args.until_epoch,
+            dataset_file=args.dataset_file,
+            export_model=args.export_model,
+            allow_logical_devices=not args.no_logical_devices,
+            steps_per_call=args.steps_per_call,
         )
     write_result(result, args.out)
     reporter.emit(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,16 +16,21 @@ import tensorflow as tf
 from worker import checkpoint as ckpt_io
 from worker import determinism, registry
 from worker.batch_source import BatchSource, DataInfo
-from worker.errors import ArchitectureError, CheckpointError, GeneratorError
+from worker.distribution import Placement, place_replicas
+from worker.errors import ArchitectureError, CheckpointError, GeneratorError, SpecError
 from worker.fingerprint import StreamDigest, fingerprint_state, training_state
+from worker.job_data import build_job_data
+from worker.mirrored_steps import MirroredSteps
 from worker.model_size import check_parameter_limit
 from worker.progress import ProgressReporter
 from worker.seeds import SeedTuple
 from worker.spec import ExperimentSpec
-from worker.stateless_dataset import AUTOTUNE, StatelessRngDataset
+from worker.stateless_dataset import StatelessRngDataset
+from worker.step_checkpoints import epoch_dataset, resume_within_epoch, save_step_checkpoint
+from worker.step_loop import MultiStep, call_size, epoch_steps
+from worker.step_loop import batches as _batches
+from worker.step_loop import xy as _xy
 from worker.trace import PointKind, TracePoint
-
-EVAL_STREAM = 1  # fold-in key that keeps evaluation data apart from training data
 
 
 @dataclass
@@ -38,32 +44,11 @@ class TrainingOutcome:
     eval_data_fingerprint: str | None = None
     checkpoints: list[str] = field(default_factory=list)
     resumed_from_epoch: int | None = None
+    resumed_from_step: int | None = None  # global step of the checkpoint resumed from
     interrupted_after_epoch: int | None = None  # set when a stop request ended training early
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def _xy(batch: Any, generator: str) -> tuple[tf.Tensor, tf.Tensor]:
-    if isinstance(batch, dict) and "x" in batch and "y" in batch:
-        return batch["x"], batch["y"]
-    if isinstance(batch, tuple | list) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise GeneratorError(generator, "must return (x, y) or a mapping with keys 'x' and 'y'")
-
-
-def _batches(dataset: tf.data.Dataset, generator: str) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
-    """The dataset's (x, y) pairs; a failure inside the generator names the generator."""
-    iterator = iter(dataset)
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except tf.errors.OpError as exc:
-            raise GeneratorError(
-                generator, f"failed while generating a batch: {exc.message}"
-            ) from exc
-        yield _xy(batch, generator)
+    model: keras.Model | None = None  # the trained model, e.g. to export it
 
 
 def _data_info(data: StatelessRngDataset, source: BatchSource) -> DataInfo:
@@ -89,42 +74,21 @@ class Job:
     """One experiment's model, optimizer, data and compiled steps."""
 
     def __init__(
-        self, spec: ExperimentSpec, seed: SeedTuple, *, max_model_parameters: int | None = None
+        self,
+        spec: ExperimentSpec,
+        seed: SeedTuple,
+        *,
+        max_model_parameters: int | None = None,
+        data: dict[str, np.ndarray] | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.spec, self.seed = spec, seed
-        ds = spec.dataset
-        gen = registry.get_component("generator", ds.generator, loc="dataset.generator")
-        source = gen.load()(
-            gen.validate_params(ds.params, loc="dataset.params"), batch_size=ds.batch_size
-        )
-        if not isinstance(source, BatchSource):
-            raise GeneratorError(ds.generator, "its factory must return a BatchSource")
-        self.data = StatelessRngDataset(
-            source.batch_generator,
-            batch_size=ds.batch_size,
-            num_batches=ds.train_batches,
-            base_seed=seed,
-            num_parallel_calls=AUTOTUNE
-            if ds.num_parallel_calls == "autotune"
-            else ds.num_parallel_calls,
-            prefetch_buffer=AUTOTUNE if ds.prefetch == "autotune" else ds.prefetch,
-            deterministic_order=ds.deterministic_order,
-            xla_compile_generator=ds.xla,
-            assert_cardinality=True,
-            forbid_stateful_rng=spec.determinism.op_determinism,
-            name=ds.generator,
-        )
-        self.warnings: list[str] = []
-        if self.data.stateful_random_ops:
-            self.warnings.append(
-                f"generator {ds.generator!r} uses stateful RNG ops "
-                f"({', '.join(self.data.stateful_random_ops)}): its data is not reproducible"
-            )
-        self.eval_data = (
-            self.data.with_options(num_batches=ds.eval_batches, stream=EVAL_STREAM, epoch=0)
-            if ds.eval_batches
-            else None
-        )
+        self.placement = placement or Placement(1, [], "default")
+        job_data = build_job_data(spec, seed, data=data)
+        source = job_data.source
+        self.data: StatelessRngDataset = job_data.train
+        self.eval_data: StatelessRngDataset | None = job_data.eval
+        self.warnings: list[str] = job_data.warnings
         info = _data_info(self.data, source)
 
         arch = registry.get_component(
@@ -136,29 +100,53 @@ class Job:
             unchecked = _check_size_unbuilt(arch, arch_params, info, max_model_parameters)
         keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
         determinism.reseed(seed, "init")
-        self.model = arch.load()(arch_params, info)
-        if not isinstance(self.model, keras.Model):
-            raise ArchitectureError(
-                f"architecture {spec.model.architecture!r} did not return a keras.Model"
-            )
-        if unchecked is not None and max_model_parameters is not None:
-            # Fallback: the architecture could not be built without allocating its weights.
-            how = f"counted after building it, since {unchecked}"
-            check_parameter_limit(self.model.count_params(), max_model_parameters, how=how)
-            self.warnings.append(f"the model size limit was checked only after building: {how}")
+        strategy = self.placement.strategy
         tr = spec.training
-        self.optimizer = keras.optimizers.get(
-            {"class_name": registry.OPTIMIZERS[tr.optimizer.name], "config": tr.optimizer.params}
-        )
-        self.optimizer.build(self.model.trainable_variables)
-        self.loss_fn = keras.losses.get(
-            {"class_name": registry.LOSSES[tr.loss.name], "config": tr.loss.params}
-        )
+        # Under a strategy the model's and optimizer's variables are mirrored on every replica.
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            self.model = arch.load()(arch_params, info)
+            if not isinstance(self.model, keras.Model):
+                raise ArchitectureError(
+                    f"architecture {spec.model.architecture!r} did not return a keras.Model"
+                )
+            if unchecked is not None and max_model_parameters is not None:
+                # Fallback: the architecture could not be built without allocating its weights.
+                how = f"counted after building it, since {unchecked}"
+                check_parameter_limit(self.model.count_params(), max_model_parameters, how=how)
+                self.warnings.append(f"the model size limit was checked only after building: {how}")
+            self.optimizer = keras.optimizers.get(
+                {
+                    "class_name": registry.OPTIMIZERS[tr.optimizer.name],
+                    "config": tr.optimizer.params,
+                }
+            )
+            self.optimizer.build(self.model.trainable_variables)
+        loss_config = {"class_name": registry.LOSSES[tr.loss.name], "config": tr.loss.params}
+        self.loss_fn = keras.losses.get(loss_config)
         self.state = training_state(self.model, self.optimizer)
         self.train_metrics = self._metrics("")
         self.eval_metrics = self._metrics("eval_")
-        self.train_step = tf.function(self._train_step, reduce_retracing=True)
-        self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
+        step_fn: Callable[[Any, Any], Any] = self._train_step
+        if strategy is None:
+            self.train_step = tf.function(self._train_step, reduce_retracing=True)
+            self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
+        else:
+            steps = MirroredSteps(
+                placement=self.placement,
+                model=self.model,
+                optimizer=self.optimizer,
+                loss_config=loss_config,
+                batch_size=spec.dataset.batch_size,
+                update_train_metrics=lambda loss, y, out: self._update(
+                    self.train_metrics, loss, y, out
+                ),
+                eval_step=self._eval_step,
+            )
+            step_fn = steps.train_step
+            self.train_step = tf.function(steps.train_step, reduce_retracing=True)
+            self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
+        # Several steps per compiled call, for epochs without per-step Python work.
+        self.multi_step = MultiStep(step_fn, self.data.name)
 
     def _metrics(self, prefix: str) -> list[keras.metrics.Metric]:
         metrics = [keras.metrics.Mean(name=f"{prefix}loss")]
@@ -245,6 +233,9 @@ def run_training(
     max_model_parameters: int | None = None,
     trace_every_steps: int | None = None,
     until_epoch: int | None = None,
+    data: dict[str, np.ndarray] | None = None,
+    allow_logical_devices: bool = True,
+    steps_per_call: int | None = None,
 ) -> TrainingOutcome:
     """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
 
@@ -256,8 +247,21 @@ def run_training(
     `training_callbacks` list of Keras callbacks (an architecture may attach one), they
     get `on_train_batch_end` after every step and `on_epoch_end` (Keras's 0-based epoch)
     before the epoch's trace point, with `step` and `epoch` (1-based) in their logs.
+    `training.checkpoint_every_steps` adds step checkpoints, and resume takes the newest
+    checkpoint of either kind. `distribution.replicas` > 1 trains data-parallel
+    (`allow_logical_devices`: whether a GPU-less process may split its CPU into devices).
+    With `steps_per_call` > 1, up to that many steps run per compiled call, never across
+    a trace point, step checkpoint or epoch end (None or 1: one per call, always so when
+    the model has callbacks or the data must be fingerprinted as it is consumed). `data` is the
+    stored dataset's arrays (`dataset.data`), given to a generator factory that reads one.
     """
     t_start = time.monotonic()
+    replicas = spec.distribution.replicas
+    if spec.dataset.batch_size < replicas:
+        msg = f"batch_size {spec.dataset.batch_size} cannot be split over {replicas} replicas"
+        raise SpecError(msg, errors=[{"loc": "distribution.replicas", "msg": msg}])
+    # Logical devices must be declared before TensorFlow starts its devices.
+    placement = place_replicas(replicas, allow_logical_cpu=allow_logical_devices)
     if max_model_parameters is not None:
         # Built-in sizes are arithmetic on the spec: refuse before TensorFlow allocates anything.
         parameters = registry.parameter_count(spec)
@@ -265,13 +269,18 @@ def run_training(
             check_parameter_limit(parameters, max_model_parameters, how="computed from the spec")
             max_model_parameters = None
     record = determinism.apply(spec.determinism, seed)
-    job = Job(spec, seed, max_model_parameters=max_model_parameters)
+    placement.start()
+    if replicas > 1:  # a one-replica record stays as it always was
+        record["distribution"] = placement.record()
+    job = Job(spec, seed, max_model_parameters=max_model_parameters, data=data, placement=placement)
     out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
     timings = {
         "setup": time.monotonic() - t_start,
         "training": 0.0,
         "fingerprinting": 0.0,
         "checkpointing": 0.0,
+        "step_checkpointing": 0.0,  # the share of checkpointing spent on step checkpoints
+        "train_calls": 0,  # compiled calls that ran the optimizer steps
     }
     tr = spec.training
     every = trace_every_steps or tr.fingerprint_every_steps
@@ -281,7 +290,9 @@ def run_training(
         callback.set_model(job.model)
     steps_per_epoch = spec.dataset.train_batches
     spec_hash = spec.spec_hash()
-    first_epoch, step = 1, 0
+    first_epoch, first_batch, step = 1, 0, 0
+    step_every = tr.checkpoint_every_steps if checkpoint_dir is not None else None
+    resumed_meta: dict[str, Any] | None = None
     # A stateless generator gives the same batches when an epoch is generated again, so its
     # data fingerprints are computed after training. A generator with stateful RNG ops does
     # not: its fingerprints are taken from the batches training actually consumed.
@@ -289,7 +300,7 @@ def run_training(
     consumed: list[dict[str, Any]] = []
 
     if resume and checkpoint_dir is not None:
-        ckpt, skipped = ckpt_io.load_latest(checkpoint_dir, spec_hash=spec_hash)
+        ckpt, skipped = ckpt_io.load_latest(checkpoint_dir, spec_hash=spec_hash, replicas=replicas)
         out.warnings += skipped
         if ckpt is not None:
             ckpt_io.restore(ckpt, job.state)
@@ -299,31 +310,67 @@ def run_training(
                     f"{ckpt.path.name}: restored state has fingerprint "
                     f"{restored}, expected {ckpt.meta['fingerprint']}"
                 )
-            first_epoch, step = ckpt.epoch + 1, ckpt.step
+            step = ckpt.step
             out.trace = [TracePoint.model_validate(p) for p in ckpt.meta["trace"]]
             out.metrics = list(ckpt.meta["metrics"])
             out.checkpoints = list(ckpt.meta["checkpoints"])
-            out.resumed_from_epoch = ckpt.epoch
+            out.resumed_from_step = ckpt.step
             consumed = list(ckpt.meta.get("consumed_data_fingerprints", []))
-            reporter.emit("resumed", epoch=ckpt.epoch, step=step)
+            if ckpt.batch is None:
+                first_epoch = ckpt.epoch + 1
+                out.resumed_from_epoch = ckpt.epoch
+                reporter.emit("resumed", epoch=ckpt.epoch, step=step, kind="epoch")
+            else:  # mid-epoch: continue epoch `ckpt.epoch` at its next batch
+                first_epoch, first_batch, resumed_meta = ckpt.epoch, ckpt.batch, ckpt.meta
+                reporter.emit("resumed", epoch=ckpt.epoch, step=step, batch=ckpt.batch, kind="step")
     if not out.trace:
         out.trace.append(job.point("init", 0, 0))
+
+    def steps_to_boundary(step: int) -> int:
+        """Steps until the next trace point or step checkpoint (a call stops there)."""
+        return min([n - step % n for n in (every, step_every) if n] or [steps_per_epoch])
+
+    def checkpoint_meta(name: str, fingerprint: str) -> dict[str, Any]:
+        return {
+            "spec_hash": spec_hash,
+            "seed": list(seed),
+            "replicas": replicas,
+            "fingerprint": fingerprint,
+            "trace": [p.model_dump() for p in out.trace],
+            "metrics": out.metrics,
+            "checkpoints": [*out.checkpoints, name],
+            "consumed_data_fingerprints": consumed,
+        }
 
     for epoch in range(first_epoch, last_epoch + 1):
         t_epoch = time.monotonic()
         determinism.reseed(seed, "epoch", epoch)
         for metric in job.train_metrics + job.eval_metrics:
             metric.reset_state()
+        start = first_batch if epoch == first_epoch else 0
+        if start and resumed_meta is not None:
+            resume_within_epoch(resumed_meta, job.train_metrics)
+            if in_loop_data:
+                out.warnings.append(
+                    f"the data fingerprint of epoch {epoch} covers only batches {start + 1}.. "
+                    "(training resumed mid-epoch on data that cannot be regenerated)"
+                )
         reporter.emit("epoch_start", epoch=epoch, epochs=tr.epochs)
         data_digest = StreamDigest() if in_loop_data else None
-        for batch_in_epoch, (x, y) in enumerate(
-            _batches(job.data.for_epoch(epoch).as_dataset(), job.data.name), start=1
+        for batch_in_epoch, global_step, loss in epoch_steps(
+            dataset=epoch_dataset(job.data, epoch, start),
+            generator=job.data.name,
+            single=job.train_step,
+            multi=None if (callbacks or in_loop_data) else job.multi_step,
+            first_batch=start,
+            num_batches=steps_per_epoch,
+            step=step,
+            steps_to_boundary=steps_to_boundary,
+            steps_per_call=call_size([every, step_every, steps_per_epoch], steps_per_call or 1),
+            digest=data_digest,
         ):
-            if data_digest is not None:
-                data_digest.add_array(f"{batch_in_epoch - 1}/0", np.asarray(x))
-                data_digest.add_array(f"{batch_in_epoch - 1}/1", np.asarray(y))
-            loss = job.train_step(x, y)
-            step += 1
+            step = global_step
+            timings["train_calls"] += 1
             if reporter.step_due():
                 reporter.step(
                     epoch=epoch,
@@ -339,6 +386,27 @@ def run_training(
                 t_fp = time.monotonic()
                 out.trace.append(job.point("step", epoch, step))
                 timings["fingerprinting"] += time.monotonic() - t_fp
+            if step_every and checkpoint_dir is not None and step % step_every == 0:
+                t_ck = time.monotonic()
+                name = save_step_checkpoint(
+                    checkpoint_dir,
+                    state=job.state,
+                    meta=checkpoint_meta,
+                    last_point=out.trace[-1],
+                    position=(epoch, batch_in_epoch, step),
+                    train_metrics=job.train_metrics,
+                )
+                out.checkpoints.append(name)
+                timings["checkpointing"] += time.monotonic() - t_ck
+                timings["step_checkpointing"] += time.monotonic() - t_ck
+                reporter.emit(
+                    "checkpoint",
+                    epoch=epoch,
+                    step=step,
+                    batch=batch_in_epoch,
+                    path=name,
+                    kind="step",
+                )
         if data_digest is not None:
             consumed.append({"epoch": epoch, "fingerprint": data_digest.hexdigest()})
         row: dict[str, Any] = {"epoch": epoch, "step": step, **_read(job.train_metrics)}
@@ -360,21 +428,13 @@ def run_training(
         ):
             t_ck = time.monotonic()
             name = f"epoch-{epoch:06d}.json"
-            meta = {
-                "spec_hash": spec_hash,
-                "seed": list(seed),
-                "fingerprint": out.trace[-1].fingerprint,
-                "trace": [p.model_dump() for p in out.trace],
-                "metrics": out.metrics,
-                "checkpoints": [*out.checkpoints, name],
-                "consumed_data_fingerprints": consumed,
-            }
+            meta = checkpoint_meta(name, out.trace[-1].fingerprint)
             ckpt_io.save_checkpoint(
                 checkpoint_dir, epoch=epoch, step=step, state=job.state, meta=meta
             )
             out.checkpoints.append(name)
             timings["checkpointing"] += time.monotonic() - t_ck
-            reporter.emit("checkpoint", epoch=epoch, path=name)
+            reporter.emit("checkpoint", epoch=epoch, step=step, path=name)
         timings["training"] += time.monotonic() - t_epoch
         if stopping:
             out.interrupted_after_epoch = epoch
@@ -395,4 +455,5 @@ def run_training(
         out.eval_data_fingerprint = job.eval_data.data_fingerprint()
     timings["data_fingerprints"] = time.monotonic() - t_data
     out.timings = {k: round(v, 6) for k, v in timings.items()}
+    out.model = job.model
     return out
