@@ -67,6 +67,12 @@ class DigestMismatch(ServiceError):
     status_code = 400
 
 
+class DatasetRefused(ServiceError):
+    """The upload is not a dataset this service accepts; nothing was stored."""
+
+    status_code = 422
+
+
 class CheckpointRefused(ServiceError):
     """A checkpoint declares arrays that are not plain numbers or exceed what may be read."""
 

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service import datasets
 from service.auth import Principal, audit
 from service.config import Settings
 from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
@@ -88,6 +89,8 @@ def check_limits(spec: ExperimentSpec, settings: Settings) -> None:
         parameters = None  # a model that cannot be built fails on the worker, saying why
     if parameters is not None:
         checks.append(("model", parameters, settings.max_model_parameters, "model parameters"))
+    replicas = spec.distribution.replicas
+    checks.append(("distribution.replicas", replicas, settings.max_replicas, "replicas"))
     errors = [
         {"loc": loc, "msg": f"{value} {unit} exceeds this server's limit of {limit}"}
         for loc, value, limit, unit in checks
@@ -119,6 +122,7 @@ def create_experiment(
         found = _by_idempotency_key(db, idempotency_key, request_hash)
         if found is not None:
             return found[0], found[1], False
+    datasets.require_held(db, spec.dataset.data)
     seed = resolve_seed(spec.seed)
     resolved = spec.with_seed(seed)
     experiment = Experiment(
@@ -132,7 +136,13 @@ def create_experiment(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
     )
-    run = Run(experiment=experiment, status="queued", required_image=spec.environment.image)
+    replicas = spec.distribution.replicas
+    run = Run(
+        experiment=experiment,
+        status="queued",
+        required_image=spec.environment.image,
+        replicas=replicas,
+    )
     db.add_all([experiment, run])
     try:
         db.flush()
@@ -154,6 +164,7 @@ def create_experiment(
                 rerun_of_id=run.id,
                 family_id=run.id,
                 audit_id=run.id,
+                replicas=replicas,
             )
             for _ in range(copies - 1)
         )
@@ -221,6 +232,7 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
         registry.check_spec(parse_spec(spec))
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
+    datasets.require_held(db, (spec.get("dataset") or {}).get("data"))
     # Pin what the original actually ran on, so the rerun cannot silently change image.
     image = reported_image(original.provenance) or original.required_image
     new = Run(
@@ -229,6 +241,7 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
         family_id=original.family_id or original.id,
         status="queued",
         required_image=image,
+        replicas=original.replicas,
     )
     db.add(new)
     db.flush()

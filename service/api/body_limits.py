@@ -4,7 +4,7 @@ A body is refused as it streams in, chunked or not, whatever its `Content-Length
 - 401 before a single byte of it is read when an API request carries a body without a
   bearer token of the right shape (the route still verifies the token itself);
 - 413 as soon as the bytes received pass the route's limit: `max_body_bytes` for JSON,
-  `max_artifact_bytes` for uploads;
+  `max_artifact_bytes` for uploads, `max_dataset_bytes` for dataset pushes;
 - 408 when the body does not arrive within `body_timeout_seconds` of the route starting
   to read it, plus one second per `body_min_bytes_per_second` already received.
 
@@ -26,8 +26,9 @@ from service.auth import TOKEN_PATTERN as TOKEN_SYNTAX
 from service.config import Settings
 
 # Routes that stream large bodies to disk under the upload limit; everything else is JSON.
-# A new upload route (datasets, say) adds its pattern here.
+# Dataset pushes stream to disk too, under their own limit.
 UPLOAD_ROUTES = (re.compile(r"^/api/v1/runs/[^/]+/artifacts$"),)
+DATASET_UPLOAD = re.compile(r"^/api/v1/datasets/?$")  # bounded by max_dataset_bytes
 _CLOSE = {"Connection": "close"}
 
 
@@ -42,6 +43,8 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
     """The most bytes a request body to this route may have."""
     if method == "POST" and any(p.match(path) for p in UPLOAD_ROUTES):
         return settings.max_artifact_bytes
+    if method == "POST" and DATASET_UPLOAD.match(path):
+        return settings.max_dataset_bytes
     return settings.max_body_bytes
 
 

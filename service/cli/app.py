@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from service.cli import admin, local, remote, server
+from service.cli import admin, datasets, local, remote, server
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Reproducible training: submit, rerun and verify experiments.",
 )
-for module in (local, remote, server, admin):
+for module in (local, remote, server, admin, datasets):
     module.register(app)

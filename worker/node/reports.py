@@ -45,7 +45,8 @@ class Report:
     run_id: Id
     worker_id: Id
     # complete: {"result", "uploads"}, fail: {"error"}, release: {"reason"}; "uploads" lists
-    # the files ({"file", "epoch"}) in the outbox's files directory to upload before it.
+    # the files ({"file", "epoch"} or {"file", "kind"}) in the outbox's files directory to
+    # upload before it.
     body: dict[str, Any]
 
     def send(self, client: ApiClient) -> None:
@@ -222,16 +223,23 @@ class Courier:
             item = files[0]
             path = self.outbox.files_dir(report.run_id) / Path(str(item["file"])).name
             try:
+                epoch = item.get("epoch")
                 self.client.upload_artifact(
                     report.run_id,
                     report.worker_id,
                     path,
-                    kind="checkpoint",
+                    kind=str(item.get("kind", "checkpoint")),  # or "model": the final .keras
                     name=path.name,
-                    epoch=int(item["epoch"]),
+                    epoch=None if epoch is None else int(epoch),
                 )
             except OSError as exc:  # gone from disk: the API records the run without it
                 log.error("run %s: cannot upload %s: %s", report.run_id, path, exc)
+            except ApiError as exc:
+                # The exported model is a convenience: an API that refuses it (too large,
+                # or too old to know the kind) must not cost the run its result.
+                if item.get("kind") != "model" or exc.retryable or isinstance(exc, LeaseLost):
+                    raise
+                log.error("run %s: the API refused the model %s: %s", report.run_id, path, exc)
             files.pop(0)
             report = replace(report, body={**report.body, "uploads": files})
             self.outbox.put(report)

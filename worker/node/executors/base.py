@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +22,12 @@ class JobRequest:
     trace_every_steps: int | None
     until_epoch: int | None
     image: str | None  # the image the run pins (None: any)
+    # Added to the job's environment: the provenance key and numerics list from the claim.
+    environment: Mapping[str, str] = field(default_factory=dict)
+    # The run's dataset, verified in the node's cache (read-only; the job checks it again).
+    dataset_file: Path | None = None
+    # Where the job writes the final model (`.keras`) when it succeeds.
+    export_model: Path | None = None
 
 
 class JobHandle(Protocol):

@@ -42,6 +42,7 @@ LABEL_AGENT = "org.reprotrain.agent"  # the agent instance that started the cont
 LABEL_HOST = "org.reprotrain.agent-host"
 LABEL_RUN = "org.reprotrain.run"
 WORKSPACE = Path("/job")  # where the per-run workspace is mounted in the container
+DATASETS = Path("/datasets")  # where the run's dataset file is mounted, read-only
 NOBODY = (65534, 65534)
 # What the determinism environment takes from the agent's: variables read by TensorFlow, the
 # math libraries or the interpreter. Paths, proxies, tokens and the like stay on the host.
@@ -220,6 +221,14 @@ class DockerExecutor:
         image = self.image_for(request.image)
         inside = [WORKSPACE / p.relative_to(request.attempt_dir) for p in _job_paths(request)]
         spec, out, checkpoints = inside
+        mounts = [Mount(str(WORKSPACE), str(request.attempt_dir), type="bind")]
+        dataset = None
+        if request.dataset_file is not None:
+            # The node's verified cache file, read-only: the job cannot alter what it checks.
+            dataset = DATASETS / request.dataset_file.name
+            mounts.append(
+                Mount(str(dataset), str(request.dataset_file), type="bind", read_only=True)
+            )
         argv = job_command(
             spec,
             out,
@@ -228,9 +237,14 @@ class DockerExecutor:
             max_model_parameters=request.max_model_parameters,
             trace_every_steps=request.trace_every_steps,
             until_epoch=request.until_epoch,
+            dataset_file=dataset,
+            export_model=None
+            if request.export_model is None
+            else WORKSPACE / request.export_model.relative_to(request.attempt_dir),
         )
         env = {**container_environment(), **_spec_environment(request.spec_path)}
         env.update(image.environment())
+        env.update(request.environment)
         device_requests = []
         if self.gpus:
             device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
@@ -252,7 +266,7 @@ class DockerExecutor:
             network_mode="none",
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmp_size}"},
-            mounts=[Mount(str(WORKSPACE), str(request.attempt_dir), type="bind")],
+            mounts=mounts,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             mem_limit=self.memory,

@@ -64,9 +64,15 @@ def job_command(
     max_model_parameters: int | None = None,
     trace_every_steps: int | None = None,
     until_epoch: int | None = None,
+    dataset_file: Path | None = None,
+    export_model: Path | None = None,
 ) -> list[str]:
     """The command line that runs one job with this interpreter."""
     cmd = [sys.executable, "-m", "worker.run", "--spec", str(spec), "--out", str(out)]
+    if dataset_file is not None:
+        cmd += ["--dataset-file", str(dataset_file)]
+    if export_model is not None:
+        cmd += ["--export-model", str(export_model)]
     if trace_every_steps is not None:
         cmd += ["--trace-every-steps", str(trace_every_steps)]
     if until_epoch is not None:
@@ -95,8 +101,10 @@ class ProcessJob:
                 max_model_parameters=request.max_model_parameters,
                 trace_every_steps=request.trace_every_steps,
                 until_epoch=request.until_epoch,
+                dataset_file=request.dataset_file,
+                export_model=request.export_model,
             ),
-            env=job_environment(),
+            env={**job_environment(), **request.environment},
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -161,6 +169,8 @@ def run_process_job(
     resume: bool = False,
     on_event: EventHandler | None = None,
     log: Callable[[str], None] | None = None,
+    dataset_file: Path | None = None,
+    export_model: Path | None = None,
 ) -> tuple[int, JobResult]:
     """Run a job to completion in the foreground; returns the exit code and its result.
 
@@ -169,7 +179,14 @@ def run_process_job(
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with subprocess.Popen(
-        job_command(spec, out, checkpoint_dir=checkpoint_dir, resume=resume),
+        job_command(
+            spec,
+            out,
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+            dataset_file=dataset_file,
+            export_model=export_model,
+        ),
         env=env,
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
