@@ -139,6 +139,7 @@ def record_of(
         variables_at=variables_at,
         checkpoint_epochs=sorted(checkpoints),
         read_checkpoint=read_checkpoint,
+        spec=run.experiment.spec,
     )
 
 
@@ -163,8 +164,11 @@ def compare(
 
 
 def _valid(report: dict[str, Any] | None) -> bool:
-    # A report stored in an older format is built again.
+    # A report stored in an older format is built again; so is a bare "incomparable" of two
+    # runs with different specs, from before such runs were compared with their spec diff.
     if report is None:
+        return False
+    if str(report.get("reason") or "").startswith("the runs have different specs"):
         return False
     try:
         ComparisonReport.model_validate(report)
@@ -270,6 +274,7 @@ def create_refinement(
                 required_image=original.required_image or reported_image(original.provenance),
                 required_worker=name,
                 job_options=options,
+                replicas=original.replicas,
             )
         )
     db.add_all(refine_runs)

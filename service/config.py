@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=5, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     max_artifact_bytes: int = Field(default=8 * 1024**3, ge=1024)
+    # A dataset upload (`POST /api/v1/datasets`), counted as its bytes arrive.
+    max_dataset_bytes: int = Field(default=2 * 1024**3, ge=1024)
     # What the arrays of one checkpoint may declare in total, checked before any is read.
     max_checkpoint_bytes: int = Field(default=4 * 1024**3, ge=1024)
     # Images a worker may advertise or report running (empty: any, recorded as reported).
@@ -42,6 +44,8 @@ class Settings(BaseSettings):
     max_batches_per_epoch: int = Field(default=1_000_000, ge=1)
     max_total_steps: int = Field(default=10_000_000, ge=1)
     max_model_parameters: int = Field(default=500_000_000, ge=1)
+    # Replicas (devices) one run may ask for; a spec allows at most 64.
+    max_replicas: int = Field(default=64, ge=1)
     # Threads a spec may ask a worker for, per setting (intra-op, inter-op, parallel calls
     # of the input pipeline); workers refuse more than 256 whatever this says.
     max_threads: int = Field(default=64, ge=1)
@@ -50,6 +54,10 @@ class Settings(BaseSettings):
     # Invalid bearer tokens tolerated per client address and window before 429.
     auth_failures_allowed: int = Field(default=20, ge=1)
     auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # A valid token is trusted again for this long without reading its row; a revocation
+    # takes effect at once on the process that made it, within this bound on the others.
+    # 0: every request reads the token's row.
+    token_cache_seconds: float = Field(default=5.0, ge=0, le=300)
     # Requests that wait on the server hold neither a thread nor a database connection, so
     # these bound only memory and sockets; past them: 503 with Retry-After.
     max_event_streams: int = Field(default=1000, ge=1)
@@ -66,6 +74,20 @@ class Settings(BaseSettings):
     # one), else with a secret created on first start in the data directory (owner-only).
     dashboard_secret: str = Field(default="", repr=False)
     dashboard_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+    # Provenance records every environment variable outside the numerics list by name and
+    # an HMAC-SHA256 of its value under this key, sent to workers with each claim (several
+    # API replicas must share one); empty: a key created on first start in the data directory.
+    provenance_key: str = Field(default="", repr=False)
+    # Variables whose values provenance records, beyond the built-in list of those known to
+    # change numerics: names or NAME* prefixes, comma-separated (or a JSON list).
+    numeric_env_vars: str = ""
+
+    @field_validator("numeric_env_vars")
+    @classmethod
+    def _variable_names(cls, value: str) -> str:
+        from worker.environment_capture import parse_name_list
+
+        return ",".join(parse_name_list(value))
 
     @property
     def resolved_database_url(self) -> str:
@@ -76,6 +98,11 @@ class Settings(BaseSettings):
     def resolved_artifacts_dir(self) -> Path:
         """Where uploaded artifacts are stored."""
         return self.artifacts_dir or self.data_dir / "artifacts"
+
+    @property
+    def resolved_datasets_dir(self) -> Path:
+        """Where pushed datasets are stored, named by digest (beside the artifacts)."""
+        return self.resolved_artifacts_dir / "datasets"
 
 
 @functools.cache

@@ -90,6 +90,11 @@ class Worker(Base):
     executors: Mapped[list[Any]]
     images: Mapped[list[Any]]
     gpu: Mapped[str | None] = mapped_column(String(200))
+    # Devices a job may train on: GPUs the node counted, and for a CPU-only node the logical
+    # CPU devices it allows; `devices` (GPUs, else CPU devices) bounds the replicas it claims.
+    gpus: Mapped[int] = mapped_column(default=0, server_default="0")
+    cpu_devices: Mapped[int | None]
+    devices: Mapped[int] = mapped_column(default=1, server_default="1")
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -137,6 +142,10 @@ class Run(Base):
     # Who reported the result (worker, token), the image it reported and how the server
     # checked the report (its recomputed final fingerprint, the image allow-list).
     reported_by: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The spec's distribution.replicas, copied at submit: a claim compares it with devices.
+    replicas: Mapped[int] = mapped_column(default=1, server_default="1")
+    # The global step of the checkpoint the finishing attempt resumed from (None: from scratch).
+    resumed_from_step: Mapped[int | None]
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(
@@ -220,3 +229,23 @@ class ComparisonRecord(Base):
     run_b_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     report: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Dataset(Base):
+    """A pushed dataset file, stored content-addressed under its SHA-256 digest."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), unique=True)  # "sha256:<hex>"
+    name: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[str] = mapped_column(String(40))
+    samples: Mapped[int] = mapped_column(BigInteger)
+    arrays: Mapped[list[Any]]  # [{"name", "shape", "dtype"}], as the reader found them
+    storage_url: Mapped[str] = mapped_column(Text)
+    pushed_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", name="fk_datasets_pushed_by_id")
+    )
+    pushed_by: Mapped[str] = mapped_column(String(200))  # the token's name, kept if revoked
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

@@ -12,7 +12,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, delete, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from service import bell, metrics, verdicts
+from service import bell, metrics, resume_points, verdicts
 from service.auth import Principal
 from service.config import Settings
 from service.errors import Forbidden, NotFound, NotHeld
@@ -90,18 +90,39 @@ def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
     return or_(candidate.audit_id.is_(None), ~has_copy, ~idle_elsewhere)
 
 
-def image_waiting_reason(*, db: Session, run: Run, settings: Settings) -> str | None:
-    """Why a queued run pinned to an image is not claimed: no live worker advertises it."""
-    if run.status != "queued" or run.required_image is None:
+def waiting_reason(*, db: Session, run: Run, settings: Settings) -> str | None:
+    """Why a queued run is not claimed: no live worker advertises its pinned image, or none
+    offers as many devices as it asks replicas (None when some live worker could take it)."""
+    if run.status != "queued":
         return None
     live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
-    live = db.scalars(select(Worker.images).where(Worker.last_seen_at >= live_since))
-    if any(run.required_image in (images or []) for images in live):
-        return None
-    return (
-        f"no live worker advertises image {run.required_image}; the run stays queued "
-        "until a worker that runs that image claims it"
-    )
+    live = db.execute(
+        select(Worker.images, Worker.devices).where(Worker.last_seen_at >= live_since)
+    ).all()
+    reasons = []
+    if run.required_image is not None and not any(
+        run.required_image in (images or []) for images, _ in live
+    ):
+        reasons.append(
+            f"no live worker advertises image {run.required_image}; the run stays queued "
+            "until a worker that runs that image claims it"
+        )
+    most = max((devices for _, devices in live), default=0)
+    if run.replicas > 1 and run.replicas > most:  # every worker offers one device
+        offered = (
+            f"the most devices any live worker offers is {most}" if live else "no worker is live"
+        )
+        reasons.append(
+            f"needs {run.replicas} replicas; {offered} (GPUs, or logical CPU devices a "
+            "CPU-only worker allows with --cpu-replicas); the run stays queued until a worker "
+            f"with {run.replicas} devices claims it"
+        )
+    return "; ".join(reasons) or None
+
+
+def workers_seen(db: Session, limit: int = 500) -> list[Worker]:
+    """Registered workers, most recently seen first."""
+    return list(db.scalars(select(Worker).order_by(Worker.last_seen_at.desc()).limit(limit)))
 
 
 def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
@@ -117,6 +138,7 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
             candidate.required_image.in_(worker.images or [""]),
         ),
         or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
+        candidate.replicas <= worker.devices,
         _spread(candidate, worker, now - timedelta(seconds=settings.lease_seconds)),
     )
     candidates = select(candidate.id).where(runnable).order_by(candidate.id).limit(1)
@@ -266,6 +288,7 @@ def complete(
     run.provenance = result.provenance
     run.metrics = result.metrics
     run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
+    run.resumed_from_step = result.resumed_from_step
     run.error = error or (result.error.model_dump() if result.error else None)
     run.result_summary = {
         "spec_hash": result.spec_hash,
@@ -273,6 +296,7 @@ def complete(
         "determinism": result.determinism,
         "eval_data_fingerprint": result.eval_data_fingerprint,
         "resumed_from_epoch": result.resumed_from_epoch,
+        "resumed_from_step": result.resumed_from_step,
         "warnings": result.warnings,
         "timings": result.timings,
     }
@@ -295,6 +319,8 @@ def complete(
             db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
         )
     db.commit()
+    # A finished run resumes no more: its step checkpoints only took space.
+    resume_points.prune_step_checkpoints(db, run, keep_newest=False)
     return run
 
 
@@ -307,18 +333,6 @@ def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> 
     run.error = error
     db.commit()
     return run
-
-
-def resume_point(db: Session, run: Run) -> tuple[int, list[Artifact]] | None:
-    """The checkpoint a claimed run starts from: its own newest, else (a re-trace) the
-    checkpoint of the run and epoch its job options name."""
-    own = latest_checkpoint(db, run.id)
-    options = run.job_options or {}
-    if own is not None or not options.get("resume_from_epoch"):
-        return own
-    return latest_checkpoint(
-        db, int(options["resume_from_run"]), at_epoch=int(options["resume_from_epoch"])
-    )
 
 
 def may_read_artifact(db: Session, artifact: Artifact, principal: Principal) -> bool:
@@ -334,22 +348,3 @@ def may_read_artifact(db: Session, artifact: Artifact, principal: Principal) -> 
         or (run.job_options or {}).get("resume_from_run") == artifact.run_id
         for run in held
     )
-
-
-def latest_checkpoint(
-    db: Session, run_id: int, *, at_epoch: int | None = None
-) -> tuple[int, list[Artifact]] | None:
-    """The newest epoch (or `at_epoch`) whose checkpoint files, npz and json, were uploaded."""
-    query = select(Artifact).where(Artifact.run_id == run_id, Artifact.kind == "checkpoint")
-    if at_epoch is not None:
-        query = query.where(Artifact.epoch == at_epoch)
-    rows = db.scalars(query).all()
-    by_epoch: dict[int, dict[str, Artifact]] = {}
-    for art in rows:
-        if art.epoch is not None:
-            by_epoch.setdefault(art.epoch, {})[art.name.rsplit(".", 1)[-1]] = art
-    complete_epochs = [e for e, files in by_epoch.items() if {"npz", "json"} <= set(files)]
-    if not complete_epochs:
-        return None
-    epoch = max(complete_epochs)
-    return epoch, [by_epoch[epoch]["npz"], by_epoch[epoch]["json"]]

@@ -16,6 +16,7 @@ T = TypeVar("T")
 MAX_ID = 2**31 - 1
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 MAX_AUDIT_COPIES = 16
+MAX_DEVICES = 1024  # GPUs or logical CPU devices one worker may advertise
 # PostgreSQL text cannot hold NUL characters; names and labels refuse them.
 PlainText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 
@@ -80,6 +81,9 @@ class RunOut(BaseModel):
     is_reference: bool = False
     kind: str = "train"  # or "refine": a re-trace made by POST /compare/refine
     audit_id: int | None = None  # the reproducibility audit this run is a copy in
+    replicas: int = 1  # devices the run trains on (the spec's distribution.replicas)
+    # The global step of the checkpoint the finishing attempt resumed from, if it resumed.
+    resumed_from_step: int | None = None
 
 
 class RunDetail(RunOut):
@@ -97,6 +101,9 @@ class RunDetail(RunOut):
     verdict_report: ComparisonReport | None = None
     reference_run_id: int | None = None
     checkpoint_epoch: int | None = None
+    # The global step of the newest checkpoint a requeued run would resume from (epoch-end
+    # or mid-epoch step checkpoint).
+    checkpoint_step: int | None = None
     # Why a queued run is not being claimed (its pinned image has no live worker), if known.
     waiting_reason: str | None = None
     # Who reported the result (worker, token), the image it reported, and what the server
@@ -107,6 +114,17 @@ class RunDetail(RunOut):
 class Page(BaseModel, Generic[T]):
     items: list[T]
     total: int
+    limit: int
+    offset: int
+
+
+class RunPage(BaseModel):
+    """A page of runs, newest first. `next_cursor` (None on the last page) asks for the
+    next one; `total` is counted only when asked with `count=true`."""
+
+    items: list[RunOut]
+    next_cursor: str | None
+    total: int | None
     limit: int
     offset: int
 
@@ -129,12 +147,35 @@ class RegisterIn(_Input):
     executors: list[str] = Field(default_factory=lambda: ["process"], max_length=8)
     images: list[str] = Field(default_factory=list, max_length=1000)
     gpu: PlainText | None = Field(default=None, max_length=200)
+    # GPUs the node counted; for a node without GPUs, the logical CPU devices it lets a job
+    # create. A run asking for N replicas goes only to a worker with N devices.
+    gpus: int | None = Field(default=None, ge=0, le=MAX_DEVICES)
+    cpu_devices: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
 
 
 class RegisterOut(BaseModel):
     id: int
     lease_seconds: float
     heartbeat_seconds: float
+    devices: int = 1  # the replicas this worker can be given: its GPUs, else its CPU devices
+
+
+class WorkerOut(BaseModel):
+    """A registered worker and what it can run."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    hostname: str
+    executors: list[str]
+    images: list[str]
+    gpu: str | None
+    gpus: int
+    cpu_devices: int | None
+    devices: int
+    registered_at: UtcDatetime
+    last_seen_at: UtcDatetime
 
 
 class WorkerReport(_Input):
@@ -214,8 +255,12 @@ class CheckpointFile(BaseModel):
 
 
 class CheckpointOut(BaseModel):
-    epoch: int
+    """Where a claimed run resumes: an epoch-end or a mid-epoch step checkpoint."""
+
+    epoch: int  # epochs completed at the checkpoint
     files: list[CheckpointFile]
+    step: int | None = None  # its global step (None only from a server that did not know it)
+    kind: Literal["epoch", "step"] = "epoch"
 
 
 class ClaimedRun(BaseModel):
@@ -238,6 +283,9 @@ class ClaimOut(BaseModel):
     limits: dict[str, int] = Field(default_factory=dict)
     # Job options beyond the spec: `trace_every_steps`, `until_epoch` (a re-trace).
     job: dict[str, int] = Field(default_factory=dict)
+    # How the job records its environment: `key` (digests of values outside the numerics
+    # list) and `numeric_env_vars` (the operator's additions to that list).
+    provenance: dict[str, Any] = Field(default_factory=dict)
 
 
 class ArtifactOut(BaseModel):
@@ -330,6 +378,14 @@ class DataCheck(BaseModel):
     equal: bool | None
 
 
+class SpecField(BaseModel):
+    """One spec field whose value differs between two compared runs (None: absent)."""
+
+    path: str
+    a: Any
+    b: Any
+
+
 class MeasuredAt(BaseModel):
     epoch: int
     label: str
@@ -358,6 +414,10 @@ class ComparisonReport(BaseModel):
     cause: Literal["data", "compute", "unknown"] | None = None
     data: DataCheck | None = None
     data_epochs_differing: list[int] = Field(default_factory=list)
+    data_epochs_equal: list[int] = Field(default_factory=list)
+    # Runs of different specs are compared at the trace points both recorded; these fields
+    # differ (e.g. `distribution.replicas`). Empty for runs of one spec.
+    spec_diff: list[SpecField] = Field(default_factory=list)
     provenance_diff: list[ProvenanceField] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
 
@@ -409,3 +469,42 @@ class ReproAuditOut(BaseModel):
     agree: bool | None
     distinct_workers: int
     summary: str
+
+
+class DatasetArray(BaseModel):
+    """One named array of a dataset: its shape (first dimension: samples) and dtype."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class DatasetOut(BaseModel):
+    """A pushed dataset: its digest (what a spec's `dataset.data` names), what it holds,
+    and who pushed it."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    digest: str
+    name: str
+    size: int
+    format: str
+    samples: int
+    arrays: list[DatasetArray]
+    pushed_by: str
+    created_at: UtcDatetime
+
+
+class DatasetDetail(DatasetOut):
+    """A dataset with the runs that trained on it (newest first, at most 100) and their count."""
+
+    runs: list[int] = Field(default_factory=list)
+    runs_total: int = 0
+    content_url: str
+
+
+class RunArtifact(ArtifactOut):
+    """An artifact of a run, with where to download it."""
+
+    download_url: str
+    created_at: UtcDatetime

@@ -21,6 +21,15 @@ def _token_is_live(db: Session, token_id: int | None) -> bool:
     return token.expires_at is None or token.expires_at > utcnow()
 
 
+def device_counts(
+    gpu: str | None, gpus: int | None, cpu_devices: int | None
+) -> tuple[int, int | None]:
+    """(GPUs, logical CPU devices) of a registration; an agent too old to count its GPUs
+    but naming one has one, and a node with GPUs trains on them, not on CPU devices."""
+    counted = gpus if gpus is not None else (1 if gpu else 0)
+    return counted, (None if counted else cpu_devices)
+
+
 def register_worker(
     *,
     token_id: int | None,
@@ -31,6 +40,8 @@ def register_worker(
     images: list[str],
     gpu: str | None,
     allowed_images: list[str] | None = None,
+    gpus: int | None = None,
+    cpu_devices: int | None = None,
 ) -> Worker:
     """The worker of this name, created or refreshed: a name is one worker's identity.
 
@@ -38,7 +49,8 @@ def register_worker(
     the runs it holds), with its capabilities refreshed. A name registered by another
     token is refused (Conflict, 409) while that token is valid; once it is revoked or
     expired, the name passes to the new token. An image outside `allowed_images` (when
-    the operator set it) is refused (Forbidden, 403).
+    the operator set it) is refused (Forbidden, 403). Its `devices` are its GPUs, else the
+    logical CPU devices it allows, else one.
     """
     refused = [image for image in images if allowed_images and image not in allowed_images]
     if refused:
@@ -59,6 +71,8 @@ def register_worker(
             db.add(worker)
         worker.hostname, worker.executors, worker.images = hostname, executors, images
         worker.gpu, worker.last_seen_at = gpu, utcnow()
+        worker.gpus, worker.cpu_devices = device_counts(gpu, gpus, cpu_devices)
+        worker.devices = worker.gpus or worker.cpu_devices or 1
         try:
             db.commit()
         except IntegrityError:

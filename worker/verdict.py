@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 
 from worker.checkpoint import checkpoint_epoch, read_variables
+from worker.environment_capture import unlisted_variables
 from worker.errors import CheckpointError, CheckpointRefused
 from worker.numeric_diff import array_difference
 from worker.provenance import diff_provenance
 from worker.result import JobResult
+from worker.spec_diff import describe_spec_diff, diff_specs, why_it_matters
 from worker.trace import Located, TracePoint, diff_variables, locate_divergence
 
 # (epoch, variable paths) -> {path: array}, from the run's checkpoint at the end of that epoch.
@@ -43,6 +45,8 @@ class RunRecord:
     variables_at: Callable[[TracePoint], Mapping[str, str]] | None = None
     checkpoint_epochs: Sequence[int] = ()
     read_checkpoint: CheckpointReader | None = None
+    # The resolved spec: runs of different specs are compared with their spec diff.
+    spec: Mapping[str, Any] | None = None
 
 
 def _moment(p: TracePoint) -> dict[str, Any]:
@@ -54,10 +58,14 @@ def layer_of(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else path
 
 
-def _incomparable(reason: str, a: RunRecord, b: RunRecord) -> dict[str, Any]:
-    report: dict[str, Any] = {"verdict": "incomparable", "reason": reason}
+def _incomparable(
+    reason: str, a: RunRecord, b: RunRecord, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    report: dict[str, Any] = {"verdict": "incomparable", "reason": reason, **(extra or {})}
     report["provenance_diff"] = diff_provenance(a.provenance, b.provenance)
     report["explanation"] = f"The runs cannot be compared: {reason}."
+    if report.get("spec_diff"):
+        report["explanation"] += " " + describe_spec_diff(report["spec_diff"])
     return report
 
 
@@ -66,7 +74,9 @@ def _incomparable_reason(a: RunRecord, b: RunRecord) -> str | None:
         if r.status != "succeeded":
             return f"{r.label} did not succeed (status {r.status})"
     if a.spec_hash != b.spec_hash:
-        return f"the runs have different specs ({a.spec_hash} vs {b.spec_hash})"
+        if a.spec is None or b.spec is None:  # nothing to diff: nothing to say what changed
+            return f"the runs have different specs ({a.spec_hash} vs {b.spec_hash})"
+        return None  # compared at the trace points both recorded, with the spec diff
     if a.granularity != b.granularity:
         return f"their traces have different granularity ({a.granularity} vs {b.granularity})"
     return None
@@ -122,16 +132,24 @@ def build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     reason = _incomparable_reason(a, b)
     if reason is not None:
         return _incomparable(reason, a, b)
+    # Specs that differ (another replica count, XLA, threads...) are compared all the same,
+    # at the moments both traces recorded; the report says what differs in the specs.
+    across = a.spec_hash != b.spec_hash
+    spec_diff = diff_specs(a.spec, b.spec) if across else []
     located = locate_divergence(a.trace, b.trace)
     if not located.common:
-        return _incomparable("the runs have no trace point in common", a, b)
+        extra = {"spec_diff": spec_diff}
+        return _incomparable("the runs have no trace point in common", a, b, extra)
     provenance = diff_provenance(a.provenance, b.provenance)
-    differing_data = sorted(e for e in a.data if b.data.get(e) != a.data[e])
+    shared_data = [e for e in a.data if e in b.data] if across else list(a.data)
+    differing_data = sorted(e for e in shared_data if b.data.get(e) != a.data[e])
     base = {
         "points": len(located.common),
         "points_inspected": located.inspected,
         "provenance_diff": provenance,
         "data_epochs_differing": differing_data,
+        "data_epochs_equal": sorted(e for e in shared_data if b.data.get(e) == a.data[e]),
+        "spec_diff": spec_diff,
     }
     if (
         located.first is None
@@ -149,6 +167,13 @@ def build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
             if located.unmatched_a or located.unmatched_b
             else "the final fingerprints differ"
         )
+        if across:
+            reason = f"they agree at all {len(located.common)} trace points both recorded, " + (
+                reason.replace("the runs recorded", "but recorded")
+                if located.unmatched_a or located.unmatched_b
+                else "but their final fingerprints differ"
+            )
+            return _incomparable(reason, a, b, base)
         return _incomparable(reason, a, b)
     pa, pb = located.common[located.first]
     changed, only_a, only_b = diff_variables(_variables(a, pa), _variables(b, pb))
@@ -193,6 +218,13 @@ def _size(d: Mapping[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _spec_sentence(spec_diff: Sequence[Mapping[str, Any]]) -> str:
+    why = why_it_matters(spec_diff)
+    return f"{describe_spec_diff(spec_diff)} Differing specs are expected to train differently" + (
+        f" ({why})." if why else "."
+    )
+
+
 def _environment_sentence(diff: Sequence[Mapping[str, Any]], cause: str | None) -> str:
     breaking = [d for d in diff if d["breaks_reproducibility"]]
     if breaking:
@@ -205,6 +237,16 @@ def _environment_sentence(diff: Sequence[Mapping[str, Any]], cause: str | None) 
         hint = "such as a generator drawing from a stateful or unseeded RNG"
     else:
         hint = "such as an op without a deterministic kernel or unordered parallel work"
+    unlisted = unlisted_variables(diff)
+    if unlisted:
+        names = ", ".join(unlisted[:_SHOWN_FIELDS]) + (
+            " ..." if len(unlisted) > _SHOWN_FIELDS else ""
+        )
+        return (
+            f"No recorded environment field known to affect numerics differs{others}, but "
+            f"environment variables no list names do ({names}): if a library or plugin reads "
+            f"one, it may be the cause; otherwise it is nondeterminism, {hint}."
+        )
     return (
         f"No recorded environment field that affects numerics differs{others}, so the cause is "
         f"nondeterminism within the same environment, {hint}."
@@ -217,6 +259,9 @@ def _explain_identical(report: Mapping[str, Any], located: Located) -> str:
         f"The runs are bitwise identical: all {report['points']} trace points through the "
         f"{last.label()} and the final fingerprint match."
     )
+    if report.get("spec_diff"):
+        spec = describe_spec_diff(report["spec_diff"])
+        text = f"{spec} Even so, t{text[1:]}"
     breaking = [d["field"] for d in report["provenance_diff"] if d["breaks_reproducibility"]]
     if breaking:
         text += (
@@ -272,7 +317,10 @@ def _explain_diverged(r: Mapping[str, Any]) -> str:
         sentences.append(f"The state first differs at the {div['label']}.")
     if r["differences_note"]:
         sentences.append(f"Sizes: {r['differences_note']}.")
-    sentences.append(_environment_sentence(r["provenance_diff"], cause))
+    if r.get("spec_diff"):
+        sentences.insert(0, _spec_sentence(r["spec_diff"]))
+    else:
+        sentences.append(_environment_sentence(r["provenance_diff"], cause))
     if r["warnings"]:
         sentences.append("The jobs warned: " + "; ".join(r["warnings"]) + ".")
     return " ".join(sentences)
@@ -280,8 +328,12 @@ def _explain_diverged(r: Mapping[str, Any]) -> str:
 
 def describe(report: Mapping[str, Any]) -> str:
     """One line for people: the verdict and, when diverged, where and in what."""
+    fields = [d["path"] for d in report.get("spec_diff") or []]
+    specs = f" (specs differ: {', '.join(fields[:_SHOWN_FIELDS])}" if fields else ""
+    specs += (" and more)" if len(fields) > _SHOWN_FIELDS else ")") if fields else ""
     if report["verdict"] == "identical":
-        return f"identical  {report['fingerprint']}  ({report['points']} trace points equal)"
+        points = f"({report['points']} trace points equal)"
+        return f"identical  {report['fingerprint']}  {points}{specs}"
     if report["verdict"] != "diverged":
         return f"{report['verdict']}: {report.get('reason', '')}".rstrip(": ")
     div = report["first_divergence"]
@@ -293,7 +345,7 @@ def describe(report: Mapping[str, Any]) -> str:
         "compute": "the computation differed (data equal)",
         "unknown": "data fingerprints missing",
     }[report["cause"]]
-    return f"diverged at {div['label']} in {names}; {cause}"
+    return f"diverged at {div['label']} in {names}; {cause}{specs}"
 
 
 def record_from_result(result: JobResult, label: str) -> RunRecord:
@@ -319,4 +371,5 @@ def record_from_result(result: JobResult, label: str) -> RunRecord:
         warnings=result.warnings,
         checkpoint_epochs=sorted(checkpoints),
         read_checkpoint=read,
+        spec=result.spec,
     )

@@ -7,7 +7,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service.api.responses import errors
-from service.api.routes import admin, compare, experiments, metrics, runs, workers
+from service.api.routes import (
+    admin,
+    compare,
+    datasets,
+    experiments,
+    fleet,
+    metrics,
+    run_artifacts,
+    runs,
+    workers,
+)
 from service.errors import ServiceError
 
 # Every versioned endpoint needs a token its role allows; each route adds its own errors.
@@ -15,9 +25,12 @@ api_router = APIRouter(prefix="/api/v1", responses=errors(401, 403, 429))
 api_router.include_router(experiments.router)
 api_router.include_router(runs.router)
 api_router.include_router(workers.router)
+api_router.include_router(fleet.router)
 api_router.include_router(admin.router)
 api_router.include_router(compare.router)
 api_router.include_router(metrics.router)
+api_router.include_router(datasets.router)
+api_router.include_router(run_artifacts.router)
 
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:

@@ -34,6 +34,18 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
     lines = [describe(report)]
     if report.get("explanation"):
         lines += ["", *textwrap.wrap(report["explanation"], _WIDTH)]
+    spec_diff = report.get("spec_diff") or []
+    if spec_diff:
+        lines += ["", "spec differences:"]
+        rows = [[d["path"], _cell(d["a"]), _cell(d["b"])] for d in spec_diff[:_SHOWN_ROWS]]
+        lines += _table(["field", "a", "b"], rows)
+        equal, differing = report.get("data_epochs_equal"), report.get("data_epochs_differing")
+        if equal or differing:
+            lines.append(
+                f"data fingerprints: {len(equal or [])} epochs equal, "
+                f"{len(differing or [])} different"
+                + (f" (epochs {', '.join(map(str, differing[:_SHOWN_ROWS]))})" if differing else "")
+            )
     if report["verdict"] == "diverged":
         div, last = report["first_divergence"], report.get("last_identical")
         lines += [

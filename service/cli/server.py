@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import uvicorn
 
 from service.cli.output import DEFAULT_API, ApiOption, TokenOption, err
 from service.config import Settings
@@ -140,6 +139,8 @@ def serve(
     first_start = _is_first_start(settings)
     admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
     app = create_app(settings)
+    import uvicorn
+
     config = uvicorn.Config(
         app,
         host=host,
@@ -246,6 +247,17 @@ def worker(
         bool,
         typer.Option(help="docker: also run runs that pin an image by tag, without a digest"),
     ] = False,
+    cpu_replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1024,
+            envvar="REPRO_WORKER_CPU_REPLICAS",
+            help="on a node without GPUs: logical CPU devices a job may split the CPU into, so "
+            "runs asking for up to this many replicas come here (advertised to the API as "
+            "cpu_devices; default: one per CPU core); a node with GPUs offers its GPUs instead",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker agent: claim runs, train each in a fresh process or container, report."""
     from worker.node.agent import WorkDirBusy, run_agent
@@ -279,6 +291,7 @@ def worker(
             claim_wait=claim_wait,
             max_jobs=max_jobs,
             images=image or [],
+            cpu_replicas=cpu_replicas,
         )
     except (ExecutorUnavailable, WorkDirBusy) as exc:
         err.print(f"[red]cannot start the worker:[/red] {exc}")

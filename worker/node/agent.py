@@ -47,6 +47,7 @@ class Agent:
         claim_wait: float = CLAIM_WAIT_SECONDS,
         images: Sequence[str] = (),
         max_jobs: int | None = None,
+        cpu_replicas: int | None = None,
     ) -> None:
         self.client = client
         self.name = name
@@ -56,6 +57,8 @@ class Agent:
         self.claim_wait = claim_wait
         self.images = list(images)
         self.max_jobs = max_jobs
+        # Logical CPU devices a job may split the CPU into when the node has no GPU.
+        self.cpu_replicas = cpu_replicas or default_cpu_replicas()
         self.worker_id: Id | None = None
         self.lease_seconds = 60.0
         self.heartbeat_seconds = 10.0
@@ -129,6 +132,8 @@ class Agent:
                     images=images,
                     gpu=gpus[0].get("name") if gpus else None,
                     hostname=socket.gethostname(),
+                    gpus=len(gpus),
+                    cpu_devices=None if gpus else self.cpu_replicas,
                 )
             except ApiError as exc:
                 if not exc.retryable:
@@ -142,7 +147,12 @@ class Agent:
             self.lease_seconds = float(info["lease_seconds"])
             self.heartbeat_seconds = float(info["heartbeat_seconds"])
             self.courier.heartbeat_seconds = self.heartbeat_seconds
-            log.info("registered as worker %s (%s)", self.worker_id, self.name)
+            log.info(
+                "registered as worker %s (%s), %d device(s) for replicas",
+                self.worker_id,
+                self.name,
+                int(info.get("devices", 1)),
+            )
             return True
         return False
 
@@ -253,6 +263,11 @@ def _work_dir_lock(work_dir: Path) -> Iterator[None]:
         yield  # the lock goes with the file (or the process)
 
 
+def default_cpu_replicas() -> int:
+    """Logical CPU devices a CPU-only worker allows by default: one per core."""
+    return max(os.cpu_count() or 1, 1)
+
+
 def default_work_dir() -> Path:
     """A work directory that outlives the agent, so a restart sends what it left undelivered."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -272,6 +287,7 @@ def run_agent(
     max_jobs: int | None = None,
     images: list[str] | None = None,
     install_signals: bool = True,
+    cpu_replicas: int | None = None,
 ) -> None:
     """Run a worker agent against the API at `api` until it is stopped."""
     with ApiClient(api, token) as client, contextlib.ExitStack() as stack:
@@ -296,6 +312,7 @@ def run_agent(
             claim_wait=claim_wait,
             images=images or [],
             max_jobs=max_jobs,
+            cpu_replicas=cpu_replicas,
         )
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -36,6 +36,7 @@ Id = int | str  # resource ids only ever go into URLs and bodies as the server g
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 _RETRY_STATUSES = frozenset({502, 503, 504})
 _CHUNK = 1 << 20
+PUSH_READ_SECONDS = 600.0  # a pushed dataset is checked whole before the answer
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:
@@ -207,11 +208,15 @@ class ApiClient:
         verdict: str | None = None,
         limit: int = 50,
         offset: int = 0,
+        cursor: str | None = None,
     ) -> dict[str, Any]:
-        """A filtered page of runs: {"items": [...], "total": n}."""
+        """A filtered page of runs, newest first: {"items": [...], "next_cursor": c}; pass
+        `next_cursor` back as `cursor` for the next page (None: there is none)."""
         filters = {"status": status, "experiment_id": experiment_id, "verdict": verdict}
-        params: dict[str, Id] = {k: v for k, v in filters.items() if v is not None}
+        params: dict[str, Id | str] = {k: v for k, v in filters.items() if v is not None}
         params.update(limit=limit, offset=offset)
+        if cursor is not None:
+            params["cursor"] = cursor
         return _as_dict(self._call("GET", f"{API}/runs", params=params))
 
     def run(self, run_id: Id) -> dict[str, Any]:
@@ -296,16 +301,26 @@ class ApiClient:
     # -- worker protocol ---------------------------------------------------------------------
 
     def register(
-        self, name: str, *, executors: list[str], images: list[str], gpu: str | None, hostname: str
+        self,
+        name: str,
+        *,
+        executors: list[str],
+        images: list[str],
+        gpu: str | None,
+        hostname: str,
+        gpus: int | None = None,
+        cpu_devices: int | None = None,
     ) -> dict[str, Any]:
-        """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds"}."""
-        body = {
+        """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds", "devices"}."""
+        body: dict[str, Any] = {
             "name": name,
             "executors": executors,
             "images": images,
             "gpu": gpu,
             "hostname": hostname,
         }
+        # Sent only when known, so a server from before device counts still takes the body.
+        body.update({k: v for k, v in (("gpus", gpus), ("cpu_devices", cpu_devices)) if v})
         return _as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
     def claim(self, worker_id: Id, *, wait: float = 0) -> dict[str, Any] | None:
@@ -359,11 +374,51 @@ class ApiClient:
 
     def download_artifact(self, artifact_id: Id, dest: Path, *, sha256: str) -> Path:
         """Download an artifact to `dest`, which appears only once its SHA-256 matches."""
+        return self._download(f"{API}/artifacts/{artifact_id}", dest, sha256=sha256)
+
+    def push_dataset(self, path: Path, *, name: str) -> dict[str, Any]:
+        """Stream a dataset file to the API with its SHA-256; returns its record."""
+        digest, size = file_sha256(path)
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(size),
+            "X-Content-SHA256": f"sha256:{digest}",
+        }
+        return _as_dict(
+            self._send(  # content-addressed: sending the same bytes twice stores them once
+                lambda: self._http.build_request(
+                    "POST",
+                    f"{API}/datasets",
+                    params={"name": name},
+                    headers=headers,
+                    content=_file_chunks(path),
+                    # The server reads every byte again before it answers.
+                    timeout=self._timeout(read=PUSH_READ_SECONDS),
+                ),
+                idempotent=True,
+            )
+        )
+
+    def datasets(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        """A page of datasets: {"items": [...], "total": n}."""
+        params = {"limit": limit, "offset": offset}
+        return _as_dict(self._call("GET", f"{API}/datasets", params=params))
+
+    def dataset(self, digest: str) -> dict[str, Any]:
+        """One dataset: its arrays, who pushed it, the runs that used it."""
+        return _as_dict(self._call("GET", f"{API}/datasets/{digest}"))
+
+    def download_dataset(self, digest: str, dest: Path) -> Path:
+        """Download a dataset to `dest`, which appears only once its digest matches."""
+        url = f"{API}/datasets/{digest}/content"
+        return self._download(url, dest, sha256=digest.removeprefix("sha256:"))
+
+    def _download(self, url: str, dest: Path, *, sha256: str) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
         for attempt in range(self.retries + 1):
             try:
-                actual = self._download_once(artifact_id, tmp)
+                actual = self._download_once(url, tmp)
                 break
             except ApiUnreachable:
                 tmp.unlink(missing_ok=True)
@@ -372,12 +427,11 @@ class ApiClient:
                 time.sleep(self.backoff * 2**attempt)
         if actual != sha256.lower():
             tmp.unlink(missing_ok=True)
-            raise ArtifactCorrupt(None, f"artifact {artifact_id}: sha256 {actual} != {sha256}")
+            raise ArtifactCorrupt(None, f"{url}: sha256 {actual} != {sha256}")
         os.replace(tmp, dest)
         return dest
 
-    def _download_once(self, artifact_id: Id, tmp: Path) -> str:
-        url = f"{API}/artifacts/{artifact_id}"
+    def _download_once(self, url: str, tmp: Path) -> str:
         response = self._send(
             lambda: self._http.build_request("GET", url), idempotent=True, stream=True
         )
@@ -390,7 +444,7 @@ class ApiClient:
                 fh.flush()
                 os.fsync(fh.fileno())
         except httpx.TransportError as exc:  # the connection broke mid-body
-            raise ApiUnreachable(None, f"download of {artifact_id} broke off: {exc!r}") from exc
+            raise ApiUnreachable(None, f"download of {url} broke off: {exc!r}") from exc
         finally:
             response.close()
         return digest.hexdigest()

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from worker.environment_capture import claim_environment
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
+from worker.node.dataset_cache import DatasetCache
 from worker.node.executors import Executor, JobHandle, JobRequest
 from worker.node.job_files import (
     KILL_GRACE_SECONDS,
@@ -37,6 +39,7 @@ from worker.result import read_result
 log = logging.getLogger("reprotrain.agent")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 PROGRESS_SECONDS = 1.0  # at most one progress update a second
+MODEL_FILE = "model.keras"  # the final model a succeeded job exports, uploaded as kind "model"
 
 
 class Job:
@@ -118,6 +121,10 @@ class ClaimedRun:
         spec_path.write_text(json.dumps(run["spec"], indent=1))
         resume = self._fetch_checkpoint(self.claim.get("checkpoint"), ckpt_dir)
         log.info("run %s attempt %d claimed%s", self.run_id, attempt, " (resuming)" * resume)
+        try:
+            dataset_file = self._fetch_dataset(run["spec"])
+        except (ApiError, OSError, ValueError) as exc:  # not served, or not storable here
+            return self._dataset_unavailable(exc)
         if self.stop.is_set():  # stopped while downloading: do not start a job only to stop it
             return self.report("release", reason="worker shutting down")
         options = self.claim.get("job") or {}
@@ -132,6 +139,12 @@ class ClaimedRun:
             trace_every_steps=options.get("trace_every_steps"),
             until_epoch=options.get("until_epoch"),
             image=run.get("image"),
+            environment=claim_environment(self.claim.get("provenance") or {}),
+            dataset_file=dataset_file,
+            # A re-trace of part of a run (until_epoch) ends mid-run: no model to take away.
+            export_model=None
+            if options.get("until_epoch") is not None
+            else attempt_dir / MODEL_FILE,
         )
         started = time.monotonic()
         job = Job(self.run_id, self.executor.start(request))
@@ -210,6 +223,7 @@ class ClaimedRun:
     def _upload_loop(self, job: Job, uploads: queue.Queue[Upload | None]) -> None:
         while (item := uploads.get()) is not None:
             epoch, *paths = item
+            what = f"checkpoint {paths[-1].stem}"
             if job.abandoned.is_set():
                 continue
             try:
@@ -222,15 +236,15 @@ class ClaimedRun:
                         name=path.name,
                         epoch=epoch,
                     )
-                log.debug("run %s: checkpoint of epoch %d uploaded", job.run_id, epoch)
-                self._unsent = None
+                log.debug("run %s: %s uploaded", job.run_id, what)
+                if epoch is not None:
+                    self._unsent = None
             except LeaseLost as exc:
                 job.abandon(f"lease lost while uploading ({exc.detail})")
             except (ApiError, OSError) as exc:  # a later resume starts from an older checkpoint
-                log.warning(
-                    "run %s: checkpoint of epoch %d not uploaded: %s", job.run_id, epoch, exc
-                )
-                if isinstance(exc, ApiError) and exc.retryable:
+                log.warning("run %s: %s not uploaded: %s", job.run_id, what, exc)
+                # Only an epoch-end checkpoint can be the final one the result needs.
+                if isinstance(exc, ApiError) and exc.retryable and epoch is not None:
                     self._unsent = item
 
     def _heartbeat_loop(self, job: Job) -> None:
@@ -296,15 +310,43 @@ class ClaimedRun:
         if result.status == "interrupted":
             reason = "worker shutting down" if self.stop.is_set() else "job interrupted"
             return self.report("release", reason=reason)
+        uploads = self._keep_unsent()
+        if result.status == "succeeded":
+            uploads += self._keep_model(request)
+        return self.report("complete", result=result.model_dump(mode="json"), uploads=uploads)
+
+    def _fetch_dataset(self, spec: dict[str, Any]) -> Path | None:
+        """The run's dataset from the node's cache (fetched once, verified before each use)."""
+        digest = (spec.get("dataset") or {}).get("data")
+        if digest is None:
+            return None
+        return DatasetCache(self.work_dir / "datasets", self.client).fetch(str(digest))
+
+    def _dataset_unavailable(self, exc: Exception) -> Report:
+        log.warning("run %s: dataset unavailable: %s", self.run_id, exc)
+        if isinstance(exc, ApiError) and exc.retryable:  # the API is away or busy for now
+            return self.report("release", reason=f"dataset not available now ({exc})")
         return self.report(
-            "complete", result=result.model_dump(mode="json"), uploads=self._keep_unsent()
+            "fail",
+            error={"type": "DatasetUnavailable", "message": f"cannot fetch the dataset: {exc}"},
         )
+
+    def _keep_model(self, request: JobRequest) -> list[dict[str, Any]]:
+        """Move the exported model to the outbox, to upload (kind "model") before the result."""
+        model = request.export_model
+        if model is None or not model.is_file():
+            return []
+        keep = self.outbox.files_dir(self.run_id)
+        keep.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.replace(model, keep / model.name)
+        return [{"file": model.name, "kind": "model"}]
 
     def _keep_unsent(self) -> list[dict[str, Any]]:
         """Move the final checkpoint the API has not taken to the outbox, to send later."""
         if self._unsent is None:
             return []
         epoch, *paths = self._unsent
+        assert epoch is not None  # step checkpoints are never kept for the result
         keep = self.outbox.files_dir(self.run_id)
         keep.mkdir(mode=0o700, parents=True, exist_ok=True)
         for path in paths:  # same file system: a rename, not a copy

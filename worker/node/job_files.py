@@ -14,19 +14,28 @@ from pathlib import Path
 from typing import Any
 
 KILL_GRACE_SECONDS = 10.0
-_CHECKPOINT_FILE = re.compile(r"^epoch-(\d{6})\.(npz|json)$")
+# Epoch-end checkpoints, and mid-epoch ones every K global steps.
+_CHECKPOINT_FILE = re.compile(r"^(?:epoch-(\d{6})|step-(\d{9}))\.(npz|json)$")
 
-Upload = tuple[int, Path, Path]
+# (epoch, npz, json): the epoch of an epoch-end checkpoint, None for a step checkpoint.
+Upload = tuple[int | None, Path, Path]
 
 
 def checkpoint_uploads(directory: Path, event: dict[str, Any]) -> Upload:
-    """The epoch, npz and json of a "checkpoint" progress event: the order they are uploaded in."""
+    """The epoch (None: a step checkpoint), npz and json of a "checkpoint" progress event,
+    in the order they are uploaded in."""
     name = str(event.get("path", ""))
     match = _CHECKPOINT_FILE.match(name)
-    if match is None or match.group(2) != "json" or int(match.group(1)) != event.get("epoch"):
+    epoch, step = (None, None) if match is None else match.group(1, 2)
+    if (
+        match is None
+        or match.group(3) != "json"
+        or (epoch is not None and int(epoch) != event.get("epoch"))
+        or (step is not None and int(step) != event.get("step"))
+    ):
         raise ValueError(f"not a checkpoint event of this runtime: {event!r}")
     json_path = directory / name
-    return int(match.group(1)), json_path.with_suffix(".npz"), json_path
+    return (None if epoch is None else int(epoch)), json_path.with_suffix(".npz"), json_path
 
 
 def checkpoint_downloads(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,13 +47,13 @@ def checkpoint_downloads(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     by_kind: dict[str, dict[str, Any]] = {}
     for entry in files:
         match = _CHECKPOINT_FILE.match(str(entry.get("name", "")))
-        if match is None or match.group(2) in by_kind:
+        if match is None or match.group(3) in by_kind:
             raise ValueError(f"unexpected checkpoint file {entry.get('name')!r}")
-        by_kind[match.group(2)] = entry
+        by_kind[match.group(3)] = entry
     if set(by_kind) != {"npz", "json"} or (
         Path(by_kind["npz"]["name"]).stem != Path(by_kind["json"]["name"]).stem
     ):
-        raise ValueError(f"a checkpoint is one epoch's npz and json, got {list(files)!r}")
+        raise ValueError(f"a checkpoint is one npz and its json, got {list(files)!r}")
     return [by_kind["npz"], by_kind["json"]]
 
 

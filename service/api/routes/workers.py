@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import artifacts, queue, verification, worker_identity
+from service import artifacts, queue, resume_points, verification, worker_identity
 from service.api.deps import (
     AnyRole,
     IdPath,
@@ -30,6 +30,7 @@ from service.config import Settings
 from service.errors import CheckpointRefused, Forbidden
 from service.metrics import observe_claim
 from service.models import Run
+from service.provenance_key import claim_provenance
 from service.schemas import (
     MAX_ID,
     ArtifactOut,
@@ -74,11 +75,14 @@ def register(
         images=body.images,
         gpu=body.gpu,
         allowed_images=settings.worker_images,
+        gpus=body.gpus,
+        cpu_devices=body.cpu_devices,
     )
     return RegisterOut(
         id=worker.id,
         lease_seconds=settings.lease_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,
+        devices=worker.devices,
     )
 
 
@@ -87,7 +91,7 @@ _RECHECK_SECONDS = 1.0  # waiting claims look at the queue this often even if no
 
 
 def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
-    checkpoint = queue.resume_point(db, run)
+    checkpoint = resume_points.resume_point(db, run)
     options = run.job_options or {}
     assert run.lease_expires_at is not None
     return ClaimOut(
@@ -102,14 +106,17 @@ def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
         checkpoint=None
         if checkpoint is None
         else CheckpointOut(
-            epoch=checkpoint[0],
+            epoch=checkpoint.epoch,
+            step=checkpoint.step,
+            kind=checkpoint.kind,
             files=[
                 CheckpointFile(name=a.name, artifact_id=a.id, sha256=a.sha256, size=a.size)
-                for a in checkpoint[1]
+                for a in checkpoint.files
             ],
         ),
         limits={"max_model_parameters": settings.max_model_parameters},
         job={k: int(options[k]) for k in ("trace_every_steps", "until_epoch") if k in options},
+        provenance=claim_provenance(settings),
     )
 
 
@@ -283,7 +290,7 @@ async def upload_artifact(
     settings: SettingsDep,
     principal: WorkAccess,
     worker_id: Annotated[int, Query(ge=1, le=MAX_ID)],
-    kind: Annotated[str, Query(pattern="^(checkpoint|weights|log)$")],
+    kind: Annotated[str, Query(pattern="^(checkpoint|weights|log|model)$")],
     name: Annotated[str, Query(pattern=artifacts.SAFE_NAME)],
     x_content_sha256: Annotated[str, Header(pattern=artifacts.SHA256_HEX)],
     epoch: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
@@ -304,7 +311,10 @@ async def upload_artifact(
     art = artifacts.record(
         db=db, run=run, kind=kind, name=name, epoch=epoch, sha256=digest, size=size, path=path
     )
-    return ArtifactOut.model_validate(art)
+    out = ArtifactOut.model_validate(art)
+    if kind == "checkpoint":
+        resume_points.prune_step_checkpoints(db, run)  # superseded: resumes use the newest
+    return out
 
 
 @router.get("/artifacts/{artifact_id}", response_class=FileResponse, responses=errors(404, 422))

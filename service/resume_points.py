@@ -1,0 +1,133 @@
+"""Where a claimed run starts: the newest intact checkpoint it uploaded, epoch-end or mid-epoch.
+
+A job writes checkpoints at epoch ends (`epoch-NNNNNN.npz/.json`) and, with
+`training.checkpoint_every_steps`, every K global steps (`step-NNNNNNNNN.npz/.json`). The
+node uploads both kinds as the job writes them; step checkpoints are stored without an
+epoch, so everything that reads epoch checkpoints (verification of the final fingerprint,
+comparison sizes, refinements) never sees them. A checkpoint counts once both its files
+are in (the node sends the json last). Step checkpoints serve only to resume, so a newer
+complete checkpoint makes the older step checkpoints of the run useless: they are deleted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import artifacts
+from service.models import Artifact, Run
+
+_NAME = re.compile(r"^(epoch|step)-(\d{6}|\d{9})\.(npz|json)$")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """One complete checkpoint: what it is, how far training had gone, and its files."""
+
+    kind: Literal["epoch", "step"]
+    epoch: int  # epochs completed when it was written
+    step: int  # global optimizer steps done when it was written
+    npz: Artifact
+    json: Artifact
+
+    @property
+    def files(self) -> list[Artifact]:
+        """npz first, json last: the order a node downloads them in."""
+        return [self.npz, self.json]
+
+
+def steps_per_epoch(run: Run) -> int:
+    """Optimizer steps in one epoch of the run's spec (one per training batch)."""
+    return max(int(run.experiment.spec["dataset"]["train_batches"]), 1)
+
+
+def complete_checkpoints(db: Session, run: Run) -> list[ResumePoint]:
+    """The run's checkpoints whose npz and json were both uploaded, oldest step first."""
+    per_epoch = steps_per_epoch(run)
+    stems: dict[tuple[Literal["epoch", "step"], int], dict[str, Artifact]] = {}
+    for art in db.scalars(
+        select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
+    ):
+        match = _NAME.match(art.name)
+        if match is None:
+            continue
+        kind: Literal["epoch", "step"] = "epoch" if match.group(1) == "epoch" else "step"
+        digits, ext = match.group(2), match.group(3)
+        # Epoch checkpoints carry their epoch; step checkpoints are stored without one.
+        expected = (6, True) if kind == "epoch" else (9, False)
+        if (len(digits), art.epoch is not None) != expected:
+            continue
+        stems.setdefault((kind, int(digits)), {})[ext] = art
+    points = []
+    for (found, number), files in stems.items():
+        if {"npz", "json"} <= set(files):
+            epoch, step = (
+                (number, number * per_epoch) if found == "epoch" else (number // per_epoch, number)
+            )
+            points.append(ResumePoint(found, epoch, step, files["npz"], files["json"]))
+    # At one step an epoch checkpoint is preferred: its epoch is finished, evaluation included.
+    return sorted(points, key=lambda p: (p.step, p.kind == "epoch"))
+
+
+def newest(db: Session, run: Run) -> ResumePoint | None:
+    """The run's newest complete checkpoint by global step (epoch or step kind), if any."""
+    points = complete_checkpoints(db, run)
+    return points[-1] if points else None
+
+
+def resume_point(db: Session, run: Run) -> ResumePoint | None:
+    """The checkpoint a claimed run starts from: its own newest, else (a re-trace) the
+    epoch checkpoint of the run and epoch its job options name."""
+    own = newest(db, run)
+    options = run.job_options or {}
+    if own is not None or not options.get("resume_from_epoch"):
+        return own
+    source = db.get(Run, int(options["resume_from_run"]))
+    if source is None:
+        return None
+    at = int(options["resume_from_epoch"])
+    return next(
+        (p for p in complete_checkpoints(db, source) if p.kind == "epoch" and p.epoch == at),
+        None,
+    )
+
+
+def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -> int:
+    """Delete the run's step checkpoints older than its newest complete checkpoint (all of
+    them with `keep_newest=False`); returns how many checkpoints went.
+
+    A stored file is removed only when no artifact row still names its digest: files are
+    content-addressed, so two runs' identical checkpoints share one.
+    """
+    points = complete_checkpoints(db, run)
+    if not points:
+        return 0
+    newest_step = points[-1].step if keep_newest else None
+    stale_stems = {
+        p.npz.name.rsplit(".", 1)[0]
+        for p in points
+        if p.kind == "step" and (newest_step is None or p.step < newest_step)
+    }
+    if not stale_stems:
+        return 0
+    stale = [
+        art
+        for art in db.scalars(
+            select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
+        )
+        if art.epoch is None and art.name.rsplit(".", 1)[0] in stale_stems
+    ]
+    files = {art.sha256: artifacts.local_path(art) for art in stale}
+    for art in stale:
+        db.delete(art)
+    db.flush()
+    shared = set(db.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(files))))
+    db.commit()
+    for digest, path in files.items():
+        if digest not in shared:
+            path.unlink(missing_ok=True)
+    return len(stale_stems)

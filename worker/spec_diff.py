@@ -1,0 +1,70 @@
+"""Where two experiment specs differ, field by field (TensorFlow-free, for comparison reports).
+
+Runs of different specs (another replica count, XLA, thread settings, seed...) are still
+compared at the trace points they share; the report lists these differences so a reader
+knows what changed on purpose before reading how much the weights moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_SHOWN = 3
+_MISSING = object()
+# Fields whose change is known to leave the trained values alone only if nothing else in
+# the computation depends on them; the explanation names them, nothing is assumed.
+_WHY: dict[str, str] = {
+    "distribution.replicas": "the gradient is reduced across replicas in another order",
+    "dataset.xla": "XLA fuses and reorders the data generator's floating-point operations",
+    "determinism.intra_op_threads": "ops split their work into other partial sums",
+    "determinism.inter_op_threads": "independent ops are scheduled differently",
+    "dataset.num_parallel_calls": "only the scheduling of batch generation changes",
+    "seed": "another seed draws other initial weights and data",
+}
+
+
+def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value:
+        for key in sorted(value, key=str):
+            _flatten(value[key], f"{path}.{key}" if path else str(key), out)
+    else:
+        out[path] = value  # lists (a seed pair, hidden sizes) are one value
+
+
+def diff_specs(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """[{"path", "a", "b"}] for every leaf field whose value differs (None where absent),
+    in path order; [] when either spec is unknown."""
+    if a is None or b is None:
+        return []
+    flat_a: dict[str, Any] = {}
+    flat_b: dict[str, Any] = {}
+    _flatten(a, "", flat_a)
+    _flatten(b, "", flat_b)
+    rows = []
+    for path in sorted(set(flat_a) | set(flat_b)):
+        va, vb = flat_a.get(path, _MISSING), flat_b.get(path, _MISSING)
+        if va != vb or type(va) is not type(vb):
+            rows.append(
+                {
+                    "path": path,
+                    "a": None if va is _MISSING else va,
+                    "b": None if vb is _MISSING else vb,
+                }
+            )
+    return rows
+
+
+def describe_spec_diff(diff: Sequence[Mapping[str, Any]]) -> str:
+    """A sentence naming the differing fields with both values (the first few)."""
+    shown = ", ".join(f"{d['path']} ({d['a']} vs {d['b']})" for d in diff[:_SHOWN])
+    more = len(diff) - _SHOWN
+    return f"The specs differ in {shown}{f' and {more} more fields' if more > 0 else ''}."
+
+
+def why_it_matters(diff: Sequence[Mapping[str, Any]]) -> str | None:
+    """What a known differing field changes in the computation, if one is known."""
+    for d in diff:
+        if d["path"] in _WHY:
+            return f"{d['path']}: {_WHY[d['path']]}"
+    return None
