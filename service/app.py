@@ -15,6 +15,7 @@ from service.config import Settings, get_settings
 from service.dashboard import install_dashboard
 from service.db import make_engine, make_sessionmaker
 from service.metrics import RequestTimer, make_registry
+from service.token_cache import TokenCache
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth_failures = FailureLimiter(
         settings.auth_failures_allowed, settings.auth_failure_window_seconds
     )
+    app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.metrics_registry = make_registry(
         maker=app.state.sessionmaker, settings=settings, state=app.state
     )

@@ -14,8 +14,8 @@ import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import func, select
@@ -44,11 +44,22 @@ class Principal:
     token_id: int
     name: str
     role: str
+    expires_at: datetime | None = field(default=None, compare=False)  # the token's own
 
     def require(self, permission: Permission) -> None:
         """Raise Forbidden (403) unless the role grants `permission`."""
         if self.role not in GRANTS[permission]:
             raise Forbidden(f"role {self.role!r} may not {permission}")
+
+
+# Bumped by every revocation in this process, so that tokens remembered as valid before it
+# (service.token_cache) are checked against the database again.
+_revocations = [0]
+
+
+def revocation_generation() -> int:
+    """How many revocations this process has made (see service.token_cache)."""
+    return _revocations[0]
 
 
 def _digest(token: str) -> str:
@@ -110,7 +121,7 @@ def verify(db: Session, token: str) -> Principal:
     if row.last_used_at is None or now - row.last_used_at > timedelta(minutes=1):
         row.last_used_at = now  # coarse, so reads do not turn into a write per request
         db.commit()
-    return Principal(token_id=row.id, name=row.name, role=row.role)
+    return Principal(token_id=row.id, name=row.name, role=row.role, expires_at=row.expires_at)
 
 
 def revoke(*, db: Session, token_id: int, actor: Principal) -> ApiToken:
@@ -131,6 +142,8 @@ def revoke(*, db: Session, token_id: int, actor: Principal) -> ApiToken:
             details={"name": row.name, "role": row.role},
         )
     db.commit()
+    # After the commit: a check that starts from now on reads the revoked row.
+    _revocations[0] += 1
     return row
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service import auth
@@ -15,6 +15,7 @@ from service.auth import Permission, Principal
 from service.config import Settings
 from service.errors import Unauthorized
 from service.schemas import MAX_ID
+from service.token_cache import TokenCache
 
 
 def get_db(request: Request) -> Iterator[Session]:
@@ -23,13 +24,22 @@ def get_db(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     """The settings the app was created with."""
     settings: Settings = request.app.state.settings
     return settings
 
 
+async def get_sessionmaker(request: Request) -> sessionmaker[Session]:
+    """The app's session factory, for a sync route that opens and closes its session itself:
+    all its database work then takes one thread-pool round trip, where `SessionDep` takes
+    two more (to open and to close the session) on top of the route's own."""
+    maker: sessionmaker[Session] = request.app.state.sessionmaker
+    return maker
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
+Sessions = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 # Ids and offsets within what the database stores (422 beyond, never a crash).
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
@@ -42,15 +52,13 @@ _bearer = HTTPBearer(
 )
 
 
-def get_principal(
-    request: Request,
-    db: SessionDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    """The caller of a bearer token; 401 without a valid one, 429 after too many bad ones."""
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _verify(request: Request, db: Session, token: str | None) -> Principal:
+    """The principal of `token` read from the database; 401, or 429 after too many bad ones."""
     limiter: auth.FailureLimiter = request.app.state.auth_failures
     client = request.client.host if request.client else "unknown"
-    token = credentials.credentials if credentials is not None else None
     try:
         if token is None:
             raise Unauthorized("send a bearer token: Authorization: Bearer <token>")
@@ -60,53 +68,50 @@ def get_principal(
         if limited is not None:
             raise limited from None
         raise
-    finally:
-        # Hold no connection between the token check and the route's own work: a request
-        # waiting for a thread must not keep a connection a running thread waits for.
-        db.close()
 
 
-BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+async def get_principal(request: Request, credentials: BearerCredentials) -> Principal:
+    """The caller of a bearer token; 401 without a valid one, 429 after too many bad ones.
 
-
-async def principal_of(request: Request) -> Principal:
-    """The caller, checked as by `get_principal_unpinned`, for a route whose need for a
-    token depends on a setting (so the OpenAPI document does not declare one)."""
-    return await get_principal_unpinned(request, await _bearer(request))
-
-
-async def get_principal_unpinned(request: Request, credentials: BearerCredentials) -> Principal:
-    """The caller, as `get_principal`, checked with a session of its own that is closed
-    before this returns: for routes that then wait (streams, long polls), which must not
-    pin a thread or a database connection meanwhile."""
+    A token verified in the last `REPRO_TOKEN_CACHE_SECONDS` is answered from memory on the
+    event loop (see service.token_cache). Any other is checked in a thread with a session of
+    its own, closed before this returns: a request waiting for a thread, or a route that
+    then waits (streams, long polls), never holds a connection because of its token.
+    """
+    token = credentials.credentials if credentials is not None else None
+    cache: TokenCache = request.app.state.token_cache
+    if token is not None and (known := cache.get(token)) is not None:
+        return known
+    generation = auth.revocation_generation()  # before the read, so a revocation wins
 
     def check() -> Principal:
         with request.app.state.sessionmaker() as db:
-            return get_principal(request, db, credentials)
+            return _verify(request, db, token)
 
-    return await run_in_threadpool(check)
+    principal = await run_in_threadpool(check)
+    if token is not None:
+        cache.put(token, principal, generation=generation)
+    return principal
 
 
-def require(permission: Permission) -> Callable[..., Principal]:
+async def principal_of(request: Request) -> Principal:
+    """The caller, checked as by `get_principal`, for a route whose need for a token
+    depends on a setting (so the OpenAPI document does not declare one)."""
+    return await get_principal(request, await _bearer(request))
+
+
+def require(permission: Permission) -> Callable[..., Awaitable[Principal]]:
     """A dependency that admits only roles granted `permission` (403 for the others)."""
 
-    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         principal.require(permission)
         return principal
 
     return dependency
 
 
-def require_unpinned(permission: Permission) -> Callable[..., Awaitable[Principal]]:
-    """As `require`, for routes that wait: nothing is held once the checks are done."""
-
-    async def dependency(
-        principal: Annotated[Principal, Depends(get_principal_unpinned)],
-    ) -> Principal:
-        principal.require(permission)
-        return principal
-
-    return dependency
+# Every check above holds nothing once done; routes that wait use the same dependencies.
+require_unpinned = require
 
 
 AnyRole = Annotated[Principal, Depends(get_principal)]

@@ -166,7 +166,7 @@ class Burst:
 def _all_items(client: httpx.Client, path: str, limit: int) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for _ in range(100):
-        page = client.get(path, params={"limit": limit, "offset": len(items)})
+        page = client.get(path, params={"limit": limit, "offset": len(items), "count": "true"})
         assert page.status_code == 200, page.text
         body = page.json()
         items += body["items"]

@@ -154,7 +154,7 @@ def test_a_result_finished_while_the_api_is_down_is_recorded_once_it_is_back(
         assert done["final_fingerprint"] == _attempt_result(work_dir, run_id)["final_fingerprint"]
         assert done["worker_id"] == held_by and done["attempt"] == 1  # never run twice
         assert [p["kind"] for p in done["trace"]] == ["init"] + ["epoch"] * 6  # recorded once
-        assert second.client.get("/api/v1/runs").json()["total"] == 1
+        assert second.client.get("/api/v1/runs", params={"count": "true"}).json()["total"] == 1
         _wait_for("the outbox to empty", lambda: not list((work_dir / "outbox").glob("run-*")), 30)
     finally:
         for worker in workers:

@@ -7,28 +7,31 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from sqlalchemy import func, select
+from pydantic import AfterValidator, BaseModel
 from starlette.types import Receive, Scope, Send
 
 from service import experiments as svc
+from service.api import run_pages
 from service.api.deps import (
     IdPath,
     Offset,
     ReadAccess,
     SessionDep,
+    Sessions,
     SettingsDep,
     SubmitAccess,
     WaitingReadAccess,
 )
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.api.views import run_detail, run_out, run_outs
+from service.api.views import load_run, run_detail, run_out
 from service.config import Settings
-from service.models import RUN_STATUSES, TERMINAL_STATUSES, Run, Verdict
+from service.errors import NotFound
+from service.models import RUN_STATUSES, TERMINAL_STATUSES
 from service.run_events import RunWatcher
-from service.schemas import MAX_ID, Page, RunDetail, RunOut
+from service.schemas import MAX_ID, RunDetail, RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
@@ -42,46 +45,60 @@ _KEEPALIVE_SECONDS = 15.0
 assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 
 
-@router.get("", response_model=Page[RunOut], responses=errors(422))
+def _json(model: BaseModel) -> Response:
+    # Returned as a Response, the model is serialized once, here in the route's thread:
+    # FastAPI would otherwise validate it again against `response_model` (in one more
+    # thread-pool round trip) before serializing it.
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=run_pages.MAX_CURSOR_CHARS,
+        description="`next_cursor` of the previous page (absent: the newest runs)",
+    ),
+    AfterValidator(run_pages.checked_cursor),
+]
+
+
+@router.get("", response_model=RunPage, responses=errors(422))
 def list_runs(
-    db: SessionDep,
+    sessions: Sessions,
     _: ReadAccess,
     status: Status | None = None,
     experiment_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     verdict: VerdictName | None = None,
     kind: Kind = "train",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Cursor = None,
     offset: Offset = 0,
-) -> Page[RunOut]:
-    """Runs, newest first, filtered by status, experiment and verdict.
+    count: Annotated[bool, Query(description="also count every matching run (`total`)")] = False,
+) -> Response:
+    """Runs, newest first, filtered by status, experiment and verdict, a page at a time.
 
     Trainings by default; `kind=refine` lists the re-traces made by `POST /compare/refine`.
+    Pass the page's `next_cursor` as `cursor` for the next page (None: that was the last);
+    every page costs the same however deep. `total` is null unless `count=true`.
     """
-    query = select(Run).where(Run.kind == kind)
-    if status is not None:
-        query = query.where(Run.status == status)
-    if experiment_id is not None:
-        query = query.where(Run.experiment_id == experiment_id)
-    if verdict in ("identical", "diverged", "incomparable"):
-        query = query.join(Verdict, Verdict.run_id == Run.id).where(Verdict.verdict == verdict)
-    elif verdict == "none":
-        query = query.outerjoin(Verdict, Verdict.run_id == Run.id).where(Verdict.id.is_(None))
-    elif verdict == "reference":
-        firsts = (
-            select(func.min(Run.id))
-            .where(Run.status == "succeeded", Run.kind == "train")
-            .group_by(Run.family_id)
+    filters = run_pages.RunFilters(
+        kind=kind, status=status, experiment_id=experiment_id, verdict=verdict
+    )
+    with sessions() as db:
+        page = run_pages.list_runs(
+            db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
         )
-        query = query.where(Run.id.in_(firsts))
-    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
-    return Page(items=run_outs(db, rows), total=total, limit=limit, offset=offset)
+    return _json(page)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
-def get_run(run_id: IdPath, db: SessionDep, settings: SettingsDep, _: ReadAccess) -> RunDetail:
+def get_run(run_id: IdPath, sessions: Sessions, settings: SettingsDep, _: ReadAccess) -> Response:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
-    return run_detail(db, svc.get_run(db, run_id), settings=settings)
+    with sessions() as db:
+        run = load_run(db, run_id)
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return _json(run_detail(db, run, settings=settings))
 
 
 @router.post(
