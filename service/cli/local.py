@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from service.cli.output import JsonFlag, TrainingBar, emit_json, err
 from worker.errors import SpecError
-from worker.node.executors.process import run_process_job
-from worker.result import JobResult
-from worker.spec import load_spec
-from worker.verdict import build_report, describe, record_from_result
+from worker.spec import ExperimentSpec, load_spec
+
+if TYPE_CHECKING:  # imported where used: every `repro` command starts without NumPy
+    from worker.result import JobResult
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -33,10 +33,26 @@ def validate(spec: Path, as_json: JsonFlag = False) -> None:
         else:
             err.print(f"[red]invalid:[/red] {exc}")
         raise typer.Exit(2) from None
+    warnings = spec_warnings(parsed)
     if as_json:
-        emit_json({"valid": True, "spec_hash": parsed.spec_hash()})
+        emit_json({"valid": True, "spec_hash": parsed.spec_hash(), "warnings": warnings})
     else:
         typer.echo(f"valid  {parsed.spec_hash()}")
+        for warning in warnings:
+            err.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+XLA_CHANGES_DATA = (
+    "dataset.xla is true: XLA compiles the generator into other code, and TensorFlow's "
+    "stateless random ops then produce other numbers, so every batch differs from the same "
+    "spec without XLA (not by rounding). The spec hash keeps the two apart; comparing a run "
+    "with XLA to one without reports that their data differ."
+)
+
+
+def spec_warnings(spec: ExperimentSpec) -> list[str]:
+    """What a valid spec does that its author may not expect."""
+    return [XLA_CHANGES_DATA] if spec.dataset.xla else []
 
 
 def _run_with_progress(
@@ -47,7 +63,11 @@ def _run_with_progress(
     quiet: bool,
     checkpoint_dir: Path | None = None,
     resume: bool = False,
+    dataset_file: Path | None = None,
+    export_model: Path | None = None,
 ) -> tuple[int, JobResult]:
+    from worker.node.executors.process import run_process_job
+
     with TrainingBar(label, quiet=quiet, initial="starting (TensorFlow import)") as bar:
 
         def on_event(event: dict[str, Any]) -> None:
@@ -55,7 +75,13 @@ def _run_with_progress(
             bar.show(event, otherwise=names.get(event["event"]))
 
         return run_process_job(
-            spec, out, checkpoint_dir=checkpoint_dir, resume=resume, on_event=on_event
+            spec,
+            out,
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+            on_event=on_event,
+            dataset_file=dataset_file,
+            export_model=export_model,
         )
 
 
@@ -64,11 +90,24 @@ def run(
     out: Annotated[Path, typer.Option(help="result document to write")] = Path("result.json"),
     checkpoint_dir: Annotated[Path | None, typer.Option(help="keep epoch checkpoints here")] = None,
     resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint")] = False,
+    dataset: Annotated[
+        Path | None, typer.Option(help="the dataset file the spec names in dataset.data")
+    ] = None,
+    export_model: Annotated[
+        Path | None, typer.Option(help="on success, save the final model here (.keras)")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Train one experiment in a fresh process and write its result document."""
     code, result = _run_with_progress(
-        spec, out, "run", quiet=as_json, checkpoint_dir=checkpoint_dir, resume=resume
+        spec,
+        out,
+        "run",
+        quiet=as_json,
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+        dataset_file=dataset,
+        export_model=export_model,
     )
     if as_json:
         emit_json(result.model_dump(mode="json", exclude={"provenance", "trace"}))
@@ -84,6 +123,8 @@ def verdict(
     a: JobResult, b: JobResult, labels: tuple[str, str] = ("run", "rerun")
 ) -> dict[str, Any]:
     """The comparison report of two result documents (incomparable if one failed)."""
+    from worker.verdict import build_report, record_from_result
+
     return build_report(record_from_result(a, labels[0]), record_from_result(b, labels[1]))
 
 
@@ -123,6 +164,8 @@ def verify(
         )
         typer.echo(f"run         {first.final_fingerprint}")
         typer.echo(f"rerun       {rerun.final_fingerprint}")
+        from worker.verdict import describe
+
         typer.echo(f"verdict     {describe(report)}")
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
 

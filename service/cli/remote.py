@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from service.cli.local import verdict as file_verdict
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
@@ -22,13 +21,11 @@ from service.cli.output import (
     emit_json,
     err,
 )
-from service.cli.report import print_report
 from worker.node.client import ApiClient, ApiError
-from worker.result import read_result
-from worker.verdict import describe
 
 WaitFlag = Annotated[bool, typer.Option("--wait", help="wait until the run finishes")]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
+_PAGE = 500  # runs per request when listing (the server's largest page)
 
 
 def _wait(client: ApiClient, run_id: int, *, quiet: bool, timeout: float | None) -> dict[str, Any]:
@@ -65,6 +62,8 @@ def _queued(
 
 
 def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
+    from worker.verdict import describe
+
     detail = client.run(run["id"])
     if as_json:
         emit_json(
@@ -168,10 +167,14 @@ def status(
     ] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
-    limit: int = 20,
+    limit: Annotated[
+        int, typer.Option(min=0, help="runs to list, newest first; 0: every run")
+    ] = 20,
     as_json: JsonFlag = False,
 ) -> None:
-    """Show one run, or a table of recent runs."""
+    """Show one run, or a table of recent runs (read a page at a time, by cursor)."""
+    from worker.verdict import describe
+
     client = api_client(api, token)
     try:
         if run_id is not None:
@@ -197,7 +200,7 @@ def status(
             if detail.get("verdict_report"):
                 typer.echo(f"{'report':18} {describe(detail['verdict_report'])}")
             return
-        page = client.runs(limit=limit)
+        page = _runs(client, limit)
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:
@@ -214,7 +217,22 @@ def status(
             (r["final_fingerprint"] or "")[:23],
         )
     err.print(table)
-    err.print(f"{len(page['items'])} of {page['total']} runs")
+    more = " (more: raise --limit, or --limit 0 for all)" if page["next_cursor"] else ""
+    err.print(f"{len(page['items'])} runs{more}")
+
+
+def _runs(client: ApiClient, limit: int) -> dict[str, Any]:
+    """Up to `limit` runs (0: all), newest first, following the server's page cursors:
+    {"items": [...], "next_cursor": where to go on, or None}."""
+    items: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        want = _PAGE if limit == 0 else min(_PAGE, limit - len(items))
+        page = client.runs(limit=want, cursor=cursor)
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if cursor is None or (limit and len(items) >= limit):
+            return {"items": items, "next_cursor": cursor}
 
 
 def _wait_refinement(
@@ -259,6 +277,11 @@ def compare(
     Prints where the runs first diverge, which variables differ and by how much, whether
     the data or the computation diverged, and which environment fields differ.
     """
+    # Imported here: the report code needs NumPy, which no other command should wait for.
+    from service.cli.local import verdict as file_verdict
+    from service.cli.report import print_report
+    from worker.result import read_result
+
     if Path(a).is_file() and Path(b).is_file():
         if refine:
             err.print("[red]--refine needs run ids:[/red] the service re-runs each on its worker")

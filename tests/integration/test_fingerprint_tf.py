@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from worker.fingerprint import fingerprint_arrays, fingerprint_state, training_state
+from worker import fingerprint, registry
+from worker.fingerprint import (
+    StateFingerprint,
+    combine,
+    fingerprint_arrays,
+    fingerprint_state,
+    training_state,
+    variable_digest,
+)
+from worker.spec import parse_spec
+from worker.training import Job
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool"])
@@ -32,3 +44,89 @@ def test_a_snapshot_does_not_follow_later_updates() -> None:
     state[0][1].assign_add(np.ones((3, 2), np.float32))
     assert fingerprint_arrays(copies) == before
     assert fingerprint_state(state) != before
+
+
+# One small spec per built-in architecture, with a generator whose samples it takes.
+_TOKENS = {"generator": "token_sequences", "params": {"vocab_size": 16, "seq_len": 8}}
+ARCHITECTURE_SPECS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "mlp": (
+        {"generator": "gaussian_blobs", "params": {"num_features": 6, "num_classes": 3}},
+        {"hidden": [16, 8], "batch_norm": True, "dropout": 0.1},
+    ),
+    "small_cnn": (
+        {"generator": "pattern_images", "params": {"image_size": 8, "channels": 1}},
+        {"filters": [4, 8], "dense": 8},
+    ),
+    "tiny_transformer": (_TOKENS, {"embed_dim": 8, "num_heads": 2, "ff_dim": 16}),
+    "gru": (_TOKENS, {"embed_dim": 8, "units": 8}),
+}
+
+
+def _trained_job(architecture: str) -> Job:
+    dataset, model_params = ARCHITECTURE_SPECS[architecture]
+    spec = parse_spec(
+        {
+            "name": f"fingerprint-{architecture}",
+            "seed": 5,
+            "dataset": {**dataset, "batch_size": 8, "train_batches": 2},
+            "model": {"architecture": architecture, "params": model_params},
+            "training": {
+                "epochs": 1,
+                "loss": {
+                    "name": "sparse_categorical_crossentropy",
+                    "params": {"from_logits": True},
+                },
+            },
+        }
+    )
+    job = Job(spec, (5, 0))
+    # Two steps, so optimizer moments and BatchNorm statistics hold values, not zeros.
+    for batch_id in range(2):
+        x, y = job.data.make_batch(batch_id)
+        job.train_step(x, y)
+    return job
+
+
+def test_every_builtin_architecture_has_a_spec_here() -> None:
+    builtin = {
+        c.name for c in registry.components("architecture").values() if c.source == "builtin"
+    }
+    assert set(ARCHITECTURE_SPECS) == builtin
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURE_SPECS))
+@pytest.mark.parametrize("chunk_bytes", [None, 1])
+def test_fast_reads_and_threaded_hashing_equal_the_reference_digests(
+    architecture: str, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fingerprint_state equals digests of `.numpy()` copies hashed one by one, in order.
+
+    `chunk_bytes=1` hands every small variable to the hash threads on its own, the most
+    interleaving the threads can see; None keeps the default chunks.
+    """
+    if chunk_bytes is not None:
+        monkeypatch.setattr(fingerprint, "_CHUNK_BYTES", chunk_bytes)
+    job = _trained_job(architecture)
+    copies = [(path, np.array(v.numpy())) for path, v in job.state]
+    digests = {path: variable_digest(path, array) for path, array in copies}
+    expected = StateFingerprint(combine(digests.items()), digests)
+    assert len(digests) == len(job.state) > 4
+    for _ in range(3):
+        assert fingerprint_state(job.state) == expected
+    assert fingerprint_state(job.state, "sha256") == fingerprint_arrays(copies, "sha256")
+
+
+def test_large_and_small_variables_together_keep_their_order() -> None:
+    # From 4 MiB a variable is hashed by blake3's own threads after the small ones: the
+    # fingerprint must still list and combine every variable in state order.
+    variables = [
+        ("big", tf.Variable(tf.reshape(tf.range(1 << 21, dtype=tf.float32), [1024, 2048]))),
+        ("small", tf.Variable(tf.ones([300, 300]))),
+        ("tiny", tf.Variable(tf.constant(7, tf.int64))),
+        ("big2", tf.Variable(tf.fill([1 << 21], 0.5))),
+    ]
+    copies = [(p, np.array(v.numpy())) for p, v in variables]
+    digests = {path: variable_digest(path, array) for path, array in copies}
+    got = fingerprint_state(variables)
+    assert list(got.variables) == ["big", "small", "tiny", "big2"]
+    assert got == StateFingerprint(combine(digests.items()), digests)
