@@ -213,6 +213,7 @@ class Figures:
     p95_ms: float
     p99_ms: float
     max_ms: float
+    server_cpu_ms: float | None = None  # the server's CPU time per request, when measured
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

@@ -74,6 +74,10 @@ def _pipeline(quick: bool) -> list[Row]:
     )
 
 
+def _arrays(quick: bool) -> list[Row]:
+    return run_child("benchmarks.arrays_pipeline", *(["--quick"] if quick else []))
+
+
 def _fingerprint(quick: bool) -> list[Row]:
     return run_child("benchmarks.fingerprinting", *(["--quick"] if quick else []))
 
@@ -82,6 +86,18 @@ def _training(quick: bool) -> list[Row]:
     from benchmarks import training_cost
 
     return training_cost.measure(quick)
+
+
+def _keras(quick: bool) -> list[Row]:
+    from benchmarks import keras_baseline
+
+    return keras_baseline.measure(quick)
+
+
+def _replicas(quick: bool) -> list[Row]:
+    from benchmarks import replicas
+
+    return replicas.measure(quick)
 
 
 def _service(quick: bool) -> list[Row]:
@@ -135,8 +151,11 @@ class Section:
 
 SECTIONS = {
     "pipeline": Section("1. input pipeline (1 core and all cores)", _pipeline),
+    "arrays": Section("the arrays generator vs tf.data shuffle + augmentation", _arrays),
     "training": Section("2. op determinism on/off and 3b. trace share", _training),
     "fingerprint": Section("3a. fingerprinting, 1 MB to 1 GB", _fingerprint),
+    "keras": Section("a job's steps/s against plain Keras model.fit", _keras),
+    "replicas": Section("2 replicas vs 1, and step checkpoints every 50 steps", _replicas),
     "service": Section("4. service overhead", _service),
     "api": Section("5. API throughput and claims", _api),
     "scaling": Section("6. scaling with 1k, 10k, 100k runs", _scaling),
@@ -148,9 +167,12 @@ SECTIONS = {
 # The table's order: the numbering (3b comes from the training runs).
 ROW_ORDER = (
     "pipeline",
+    "arrays",
     "determinism",
     "fingerprint",
     "trace",
+    "keras",
+    "replicas",
     "service",
     "api",
     "scaling",

@@ -47,8 +47,10 @@ REST = "rest until reported: re-exec, provenance, result, upload, report"
 FIXES = {
     QUEUE_WAIT: "the idle worker's claim already waits on the server and wakes at the "
     "submission; the rest is the claim's own queries and the agent starting the job",
-    CLIENT: "the CLI's start, and `--wait` polls every 0.5 s: following GET /runs/{id}/events "
-    "would notice the end at once",
+    CLIENT: "mostly the CLI's start: `repro` imports every command's modules before running "
+    "one (NumPy through worker.verdict and worker.result, uvicorn through service.cli.server: "
+    "about 1 s of CPU on a busy machine); importing them inside the commands that need them "
+    "would cut it. The end itself is noticed at once (`--wait` follows the run's events)",
     REST: "after the job ends the worker still uploads its last checkpoint, then reports",
 }
 
