@@ -17,6 +17,7 @@ gaussian_blobs = repro_test_plugins:stateful_noise
 wide_mlp = repro_test_plugins:wide_mlp
 perturbed_mlp = repro_test_plugins:perturbed_mlp
 paced_mlp = repro_test_plugins:paced_mlp
+noisy_mlp = repro_test_plugins:noisy_mlp
 """
 
 

@@ -43,16 +43,31 @@ def environment_mismatch(
     }
 
 
-def reseed(seed: SeedTuple, *keys: int | str) -> int:
+def reseed(seed: SeedTuple, *keys: int | str, tensorflow: bool = True) -> int:
     """Seed Python, NumPy, TensorFlow and Keras from (seed, keys); returns the int used.
 
     Called at start-up and at the start of every epoch, so an epoch's randomness depends
     on (seed, epoch) only, and a job resumed at epoch k draws what it would have drawn.
+    `tensorflow=False` leaves TensorFlow's global seed alone: setting it clears the
+    runtime's caches, so every compiled step is optimised again, and it only matters to
+    stateful random ops (whose sequences it restarts), which the job checks for.
     """
     import keras
 
     value = derive_int_seed(seed, *keys)
-    keras.utils.set_random_seed(value)  # random, numpy.random, tf.random and Keras
+    if tensorflow:
+        keras.utils.set_random_seed(value)  # random, numpy.random, tf.random and Keras
+        return value
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    # What keras.utils.set_random_seed does, but for tf.random.set_seed.
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, value)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(value)
+    np.random.seed(value)
     return value
 
 

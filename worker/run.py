@@ -4,7 +4,8 @@ Options: `--checkpoint-dir D` keeps epoch checkpoints (and step checkpoints when
 sets `training.checkpoint_every_steps`); `--resume` continues from the newest of either.
 `--no-logical-devices` refuses to split the CPU into logical devices for replicas.
 `--steps-per-call N` runs up to N optimizer steps per compiled call (default 1);
-traces and fingerprints do not depend on it.
+traces and fingerprints do not depend on it, nor on `--classic-loop` (one step per call and
+TensorFlow reseeded every epoch, as jobs ran before).
 `--dataset-file F` is the stored dataset the spec names by digest (`dataset.data`): the
 file's digest must equal it. `--export-model M.keras` saves the final model on success.
 
@@ -84,7 +85,14 @@ def _parser() -> argparse.ArgumentParser:
         "--steps-per-call",
         type=int,
         metavar="N",
-        help="run up to N steps per compiled call (default 1: one step per call)",
+        help="run up to N steps per compiled call (default 1; pays off for long epochs of "
+        "small models: the N unrolled steps are compiled once per job)",
+    )
+    p.add_argument(
+        "--classic-loop",
+        action="store_true",
+        help="one step per call and TensorFlow reseeded every epoch, as jobs once ran: "
+        "slower, bitwise the same",
     )
     p.add_argument(
         "--no-logical-devices",
@@ -192,6 +200,7 @@ def run_job(
     export_model: Path | None = None,
     allow_logical_devices: bool = True,
     steps_per_call: int | None = None,
+    classic_loop: bool = False,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -235,6 +244,7 @@ def run_job(
             data=arrays,
             allow_logical_devices=allow_logical_devices,
             steps_per_call=steps_per_call,
+            classic=classic_loop,
         )
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
@@ -311,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             export_model=args.export_model,
             allow_logical_devices=not args.no_logical_devices,
             steps_per_call=args.steps_per_call,
+            classic_loop=args.classic_loop,
         )
     write_result(result, args.out)
     reporter.emit(

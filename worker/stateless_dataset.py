@@ -53,7 +53,8 @@ _STATEFUL_RANDOM_OPS = frozenset(
 )
 
 
-def _stateful_random_ops(graph_def: Any) -> list[str]:
+def stateful_random_ops_in(graph_def: Any) -> list[str]:
+    """The stateful RNG op types in a graph and its function library."""
     nodes = list(graph_def.node)
     for function in graph_def.library.function:
         nodes.extend(function.node_def)
@@ -121,7 +122,7 @@ class StatelessRngDataset:
             concrete = self._generator.get_concrete_function()
         except Exception as exc:
             raise GeneratorError(self.name, f"cannot be traced as a tf.function: {exc}") from exc
-        ops = _stateful_random_ops(concrete.graph.as_graph_def())
+        ops = stateful_random_ops_in(concrete.graph.as_graph_def())
         if ops and forbid_stateful_rng:
             raise GeneratorError(
                 self.name,

@@ -25,7 +25,7 @@ from worker.model_size import check_parameter_limit
 from worker.progress import ProgressReporter
 from worker.seeds import SeedTuple
 from worker.spec import ExperimentSpec
-from worker.stateless_dataset import StatelessRngDataset
+from worker.stateless_dataset import StatelessRngDataset, stateful_random_ops_in
 from worker.step_checkpoints import epoch_dataset, resume_within_epoch, save_step_checkpoint
 from worker.step_loop import MultiStep, call_size, epoch_steps
 from worker.step_loop import batches as _batches
@@ -147,6 +147,18 @@ class Job:
             self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
         # Several steps per compiled call, for epochs without per-step Python work.
         self.multi_step = MultiStep(step_fn, self.data.name)
+        self._step_fn = step_fn
+
+    def stateful_random_ops(self) -> list[str]:
+        """Stateful RNG ops in the compiled training and evaluation steps, found by tracing
+        them once more in a throwaway function (the real ones are traced as they run)."""
+        found: set[str] = set()
+        for step, data in ((self._step_fn, self.data), (self._eval_step, self.eval_data)):
+            if data is not None:
+                x, y = _xy(data.as_dataset().element_spec, self.data.name)
+                graph = tf.function(step).get_concrete_function(x, y).graph
+                found.update(stateful_random_ops_in(graph.as_graph_def()))
+        return sorted(found)
 
     def _metrics(self, prefix: str) -> list[keras.metrics.Metric]:
         metrics = [keras.metrics.Mean(name=f"{prefix}loss")]
@@ -236,6 +248,7 @@ def run_training(
     data: dict[str, np.ndarray] | None = None,
     allow_logical_devices: bool = True,
     steps_per_call: int | None = None,
+    classic: bool = False,
 ) -> TrainingOutcome:
     """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
 
@@ -250,9 +263,11 @@ def run_training(
     `training.checkpoint_every_steps` adds step checkpoints, and resume takes the newest
     checkpoint of either kind. `distribution.replicas` > 1 trains data-parallel
     (`allow_logical_devices`: whether a GPU-less process may split its CPU into devices).
-    With `steps_per_call` > 1, up to that many steps run per compiled call, never across
-    a trace point, step checkpoint or epoch end (None or 1: one per call, always so when
-    the model has callbacks or the data must be fingerprinted as it is consumed). `data` is the
+    Up to `steps_per_call` (default 1) steps run per compiled call, never across a trace
+    point, step checkpoint or epoch end (one per call when the model has callbacks or the
+    data must be fingerprinted as it is consumed). `classic` runs the loop as it was before several
+    steps per call: one step per call and TensorFlow reseeded every epoch, whatever the
+    steps draw (slower; the same bits, which a test checks). `data` is the
     stored dataset's arrays (`dataset.data`), given to a generator factory that reads one.
     """
     t_start = time.monotonic()
@@ -298,6 +313,23 @@ def run_training(
     # not: its fingerprints are taken from the batches training actually consumed.
     in_loop_data = bool(job.data.stateful_random_ops)
     consumed: list[dict[str, Any]] = []
+    # TensorFlow's global seed restarts stateful random ops' sequences; each epoch sets it
+    # only if something could draw from them (it costs a re-optimisation of every step).
+    step_rng = [] if classic or job.data.stateful_random_ops else job.stateful_random_ops()
+    if step_rng:
+        out.warnings.append(
+            f"the model's training or evaluation step uses stateful RNG ops "
+            f"({', '.join(step_rng)}): their seeds are fixed when the step is compiled, so a "
+            "run resumed from a checkpoint draws other numbers than an uninterrupted one; "
+            "use keras.random with a SeedGenerator, or tf.random.stateless_*"
+        )
+    tf_rng = (["callbacks"] if callbacks else []) + job.data.stateful_random_ops + step_rng
+    reseed_tf = classic or bool(tf_rng)
+    record["reseed_tensorflow"] = (
+        "every epoch" + (f" (stateful random ops: {', '.join(tf_rng)})" if tf_rng else "")
+        if reseed_tf
+        else "at start only: the compiled steps use no stateful random op"
+    )
 
     if resume and checkpoint_dir is not None:
         ckpt, skipped = ckpt_io.load_latest(checkpoint_dir, spec_hash=spec_hash, replicas=replicas)
@@ -344,7 +376,7 @@ def run_training(
 
     for epoch in range(first_epoch, last_epoch + 1):
         t_epoch = time.monotonic()
-        determinism.reseed(seed, "epoch", epoch)
+        determinism.reseed(seed, "epoch", epoch, tensorflow=reseed_tf)
         for metric in job.train_metrics + job.eval_metrics:
             metric.reset_state()
         start = first_batch if epoch == first_epoch else 0
@@ -366,7 +398,9 @@ def run_training(
             num_batches=steps_per_epoch,
             step=step,
             steps_to_boundary=steps_to_boundary,
-            steps_per_call=call_size([every, step_every, steps_per_epoch], steps_per_call or 1),
+            steps_per_call=1
+            if classic
+            else call_size([every, step_every, steps_per_epoch], steps_per_call or 1),
             digest=data_digest,
         ):
             step = global_step

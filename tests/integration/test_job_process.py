@@ -270,6 +270,23 @@ def test_plugin_architecture_trains_reproducibly(tmp_path: Path, plugin_paths: l
     assert a.result.final_fingerprint == b.result.final_fingerprint
 
 
+def test_a_model_drawing_stateful_random_numbers_is_reseeded_every_epoch_and_warned(
+    tmp_path: Path, plugin_paths: list[Path]
+) -> None:
+    spec = blobs_spec(model={"architecture": "noisy_mlp", "params": {}})
+    a = run_job(spec, tmp_path / "a", extra_paths=plugin_paths)
+    b = run_job(spec, tmp_path / "b", extra_paths=plugin_paths)
+    assert a.returncode == b.returncode == 0, a.result.error
+    assert a.result.trace == b.result.trace
+    assert "RandomUniform" in a.result.determinism["reseed_tensorflow"]
+    # Its op seeds are fixed when the step is compiled, which a resumed job does in another
+    # epoch: the user is told, rather than promised a bitwise resume.
+    assert any("stateful RNG ops (RandomUniform)" in w for w in a.result.warnings)
+    plain = run_job(blobs_spec(), tmp_path / "plain")
+    assert plain.result.determinism["reseed_tensorflow"].startswith("at start only")
+    assert not any("stateful RNG" in w for w in plain.result.warnings)
+
+
 def test_operator_limit_on_model_parameters_fails_the_job_clearly(tmp_path: Path) -> None:
     run = run_job(blobs_spec(), tmp_path, "--max-model-parameters", "100")
     assert run.returncode == 1 and run.result.error is not None

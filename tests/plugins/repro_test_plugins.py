@@ -53,6 +53,24 @@ def wide_mlp(params: dict[str, Any], data: Any) -> Any:
     return keras.Model(inputs, keras.layers.Dense(data.output_dim, name="out")(h))
 
 
+def noisy_mlp(params: dict[str, Any], data: Any) -> Any:
+    """An MLP that adds noise from a stateful TensorFlow RNG op (seeded by the global seed)
+    to its hidden layer while training: reproducible only if the seed is set every epoch."""
+    import keras
+    import tensorflow as tf
+
+    class StatefulNoise(keras.layers.Layer):  # type: ignore[misc]
+        def call(self, x: Any, training: bool = False) -> Any:
+            if not training:
+                return x
+            return x + 0.01 * tf.random.uniform(tf.shape(x), seed=7)
+
+    inputs = keras.Input(shape=data.x_shape, name="inputs")
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    h = StatefulNoise(name="noise")(h)
+    return keras.Model(inputs, keras.layers.Dense(data.output_dim, name="out")(h))
+
+
 PERTURB_VARIABLE = "REPRO_TEST_PERTURB"
 
 
