@@ -23,6 +23,9 @@ from typing import Any
 KEY_ENV = "REPRO_PROVENANCE_KEY"  # the key, handed to the job by the node that runs it
 KEY_FILE = "provenance.key"  # in the data directory, for runs with no key handed to them
 NUMERIC_ENV = "REPRO_NUMERIC_ENV_VARS"  # the operator's additions to the numerics list
+# Where a node asks its job to save the final model: a variable rather than an option, so a
+# job in an image from before model export (a rerun pinned to it) ignores it and still runs.
+EXPORT_MODEL_ENV = "REPRO_EXPORT_MODEL"
 DIGEST_PREFIX = "hmac-sha256:"
 _SHOWN_HEX = 12
 
@@ -97,6 +100,7 @@ IGNORED_NAMES = frozenset(
         "REPRO_JOB_REEXEC",
         KEY_ENV,
         NUMERIC_ENV,  # recorded as the list it is ("numeric_extra")
+        EXPORT_MODEL_ENV,
         "INVOCATION_ID",
         "JOURNAL_STREAM",
         "SSH_AUTH_SOCK",

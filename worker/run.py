@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from worker.environment_capture import EXPORT_MODEL_ENV
 from worker.errors import SpecError
 from worker.model_size import check_parameter_limit
 from worker.progress import ProgressReporter
@@ -79,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         "--export-model",
         type=Path,
         metavar="M.keras",
-        help="on success, save the final model here in Keras's native format",
+        help="on success, save the final model here in Keras's native format "
+        f"(default: ${EXPORT_MODEL_ENV}, if set)",
     )
     p.add_argument(
         "--steps-per-call",
@@ -295,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.resume and args.checkpoint_dir is None:
             raise SpecError("--resume needs --checkpoint-dir")
+        if args.export_model is None and os.environ.get(EXPORT_MODEL_ENV):
+            args.export_model = Path(os.environ[EXPORT_MODEL_ENV])
         if args.export_model is not None and args.export_model.suffix != ".keras":
             raise SpecError(f"--export-model must end in .keras, got {args.export_model.name}")
         for option in ("trace_every_steps", "until_epoch", "stop_after_epoch", "steps_per_call"):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from worker.environment_capture import EXPORT_MODEL_ENV
+
 
 @dataclass(frozen=True)
 class JobRequest:
@@ -28,6 +30,17 @@ class JobRequest:
     dataset_file: Path | None = None
     # Where the job writes the final model (`.keras`) when it succeeds.
     export_model: Path | None = None
+
+
+def export_environment(request: JobRequest, workspace: Path | None = None) -> dict[str, str]:
+    """The variable that asks the job to save its final model (a job whose image predates
+    model export ignores it); `workspace`: where the attempt directory is in the job's view."""
+    if request.export_model is None:
+        return {}
+    path = request.export_model
+    if workspace is not None:
+        path = workspace / path.relative_to(request.attempt_dir)
+    return {EXPORT_MODEL_ENV: str(path)}
 
 
 class JobHandle(Protocol):

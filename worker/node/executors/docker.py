@@ -31,7 +31,7 @@ from docker.types import DeviceRequest, Mount
 from worker.determinism import required_environment
 from worker.gpu_info import gpu_devices
 from worker.node.executors import ExecutorUnavailable
-from worker.node.executors.base import JobRequest
+from worker.node.executors.base import JobRequest, export_environment
 from worker.node.executors.docker_job import ContainerJob
 from worker.node.executors.process import job_command
 from worker.spec import ExperimentSpec
@@ -238,13 +238,11 @@ class DockerExecutor:
             trace_every_steps=request.trace_every_steps,
             until_epoch=request.until_epoch,
             dataset_file=dataset,
-            export_model=None
-            if request.export_model is None
-            else WORKSPACE / request.export_model.relative_to(request.attempt_dir),
         )
         env = {**container_environment(), **_spec_environment(request.spec_path)}
         env.update(image.environment())
         env.update(request.environment)
+        env.update(export_environment(request, WORKSPACE))
         device_requests = []
         if self.gpus:
             device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from worker.node.executors.base import JobRequest
+from worker.node.executors.base import JobRequest, export_environment
 from worker.progress import parse_line
 from worker.result import JobResult, read_result
 
@@ -102,9 +102,8 @@ class ProcessJob:
                 trace_every_steps=request.trace_every_steps,
                 until_epoch=request.until_epoch,
                 dataset_file=request.dataset_file,
-                export_model=request.export_model,
             ),
-            env={**job_environment(), **request.environment},
+            env={**job_environment(), **request.environment, **export_environment(request)},
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
