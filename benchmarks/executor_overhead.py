@@ -108,7 +108,8 @@ def measure(quick: bool) -> list[Row]:
     if docker is None:
         return []
     sides = [Side("process", make_executor("process")), Side("docker", docker)]
-    rounds = 1 if quick else 3
+    # Best of 2 per side: a start-up time, whose best is stable within a few percent.
+    rounds = 1 if quick else 2
     with tempfile.TemporaryDirectory(prefix="bench-executors-") as tmp:
         for i in range(rounds):
             order = sides if i % 2 == 0 else sides[::-1]

@@ -14,7 +14,9 @@ For each built-in architecture (the small specs of training_cost.py), in fresh p
 
 One process per case; the order of the cases reverses from one architecture to the next,
 so no case always meets a warmer machine. Targets: the job >= 1.0 of (a) and of (b);
-(c) is shown for information.
+(c) is shown for information. The training section (determinism on vs off, trace share)
+reads the job and the (a) and (b) runs from SHARED_JOBS and SHARED_FIT instead of starting
+more processes.
 
     .venv/bin/python -m benchmarks --only keras
 """
@@ -35,7 +37,16 @@ from typing import Any
 
 from benchmarks.rounds import progress
 from benchmarks.rows import Row
-from benchmarks.training_cost import REPO, job_env, run_job, specs, trained
+from benchmarks.training_cost import (
+    REPO,
+    SHARED_FIT,
+    SHARED_JOBS,
+    job_env,
+    run_job,
+    specs,
+    trained,
+    with_determinism,
+)
 
 TARGET = 1.0
 STEPS_PER_EXECUTION = 10
@@ -188,10 +199,15 @@ def measure(quick: bool) -> list[Row]:
                 progress(f"keras baseline: {model}, {kind}")
                 workdir = Path(tmp) / f"{model}-{kind}"
                 if kind == "job":
-                    jobs[model] = job_speed(run_job(spec, workdir))
+                    result = run_job(with_determinism(spec, True), workdir)
+                    SHARED_JOBS[model] = result
+                    jobs[model] = job_speed(result)
                     speeds[model, kind] = jobs[model].speed
                 else:
-                    speeds[model, kind] = run_fit(spec, kind, workdir)
+                    speeds[model, kind] = speed = run_fit(spec, kind, workdir)
+                    if kind in ("fit", "fit_nondeterministic"):
+                        rates = (speed.steps_per_s, speed.median_steps_per_s)
+                        SHARED_FIT[model, kind == "fit"] = rates
     rows = []
     for model, spec in cases.items():
         ds = spec["dataset"]

@@ -1,6 +1,6 @@
 """Every benchmark in one command: one table, a JSON file, a plot, and the README's results.
 
-    .venv/bin/python -m benchmarks                 # every section: 6-8 minutes on 2 cores
+    .venv/bin/python -m benchmarks                 # every section: about 8 minutes on 2 cores
     .venv/bin/python -m benchmarks --quick         # a smoke run of about a minute
     .venv/bin/python -m benchmarks --only pipeline --only fingerprint
     .venv/bin/python -m benchmarks --write-readme  # also update the results in README.md
@@ -152,9 +152,10 @@ class Section:
 SECTIONS = {
     "pipeline": Section("1. input pipeline (1 core and all cores)", _pipeline),
     "arrays": Section("the arrays generator vs tf.data shuffle + augmentation", _arrays),
+    # keras before training: training reads the jobs the keras section ran (SHARED_JOBS).
+    "keras": Section("a job's steps/s against plain Keras model.fit", _keras),
     "training": Section("2. op determinism on/off and 3b. trace share", _training),
     "fingerprint": Section("3a. fingerprinting, 1 MB to 1 GB", _fingerprint),
-    "keras": Section("a job's steps/s against plain Keras model.fit", _keras),
     "replicas": Section("2 replicas vs 1, and step checkpoints every 50 steps", _replicas),
     "service": Section("4. service overhead", _service),
     "api": Section("5. API throughput and claims", _api),

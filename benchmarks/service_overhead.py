@@ -110,7 +110,8 @@ def _median(values: list[dict[str, float]], key: str) -> float:
 
 
 def measure(quick: bool) -> list[Row]:
-    rounds, warmup = (1, 0) if quick else (4, 1)
+    # Median of 3 after the warm-up (of 4 before the 10-minute budget held more sections).
+    rounds, warmup = (1, 0) if quick else (3, 1)
     direct: list[tuple[float, dict[str, float]]] = []
     service: list[tuple[float, dict[str, float]]] = []
     with ExitStack() as stack:

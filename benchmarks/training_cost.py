@@ -1,8 +1,13 @@
 """Sections 2 and 3b: what op determinism and the fingerprint trace cost in training.
 
 Each built-in architecture trains a small spec through `python -m worker.run` in a fresh
-process (op determinism is process-wide and cannot be switched off again), once with
-`determinism.op_determinism` on and once off, in alternating order.
+process (op determinism is process-wide and cannot be switched off again), with
+`determinism.op_determinism` on and off, two jobs each (on, off, off, on).
+
+When the keras section ran first in the same command (a full run), this section starts no
+process: it reads that section's job (trace share) and its `model.fit` runs of the same
+model with op determinism on and off (the determinism ratio, labelled "model.fit"); see
+SHARED_JOBS.
 
 - 2, determinism overhead: steps per second with op determinism on, against off. A run's
   rate is its best epoch after the first (which traces and compiles the step), so
@@ -29,6 +34,13 @@ from benchmarks.rows import Row
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE_TARGET = 0.02
+# What the keras section (which runs first in a full run) already measured on these specs,
+# so this section need not start the same processes again (each costs seconds of
+# interpreter and TensorFlow start-up, twice for a job): the result of its job per model
+# (op determinism on, as every job runs), and the steps/s (best, median) of `model.fit`
+# of the same model with op determinism on and off, by (model, op determinism).
+SHARED_JOBS: dict[str, dict[str, Any]] = {}
+SHARED_FIT: dict[tuple[str, bool], tuple[float, float]] = {}
 _OPTIMIZER = {"name": "adam", "params": {"learning_rate": 0.001}}
 _LOSS = {"name": "sparse_categorical_crossentropy", "params": {"from_logits": True}}
 
@@ -187,39 +199,71 @@ def best_of(runs: list[Trained]) -> Trained:
     )
 
 
+def with_determinism(spec: dict[str, Any], on: bool) -> dict[str, Any]:
+    """The spec with op determinism set explicitly."""
+    return {**spec, "determinism": {"op_determinism": on}}
+
+
+def _shared(model: str) -> tuple[Trained, tuple[float, float], tuple[float, float]] | None:
+    """The keras section's job, and its model.fit rates on and off, if it measured them."""
+    job = SHARED_JOBS.get(model)
+    on, off = SHARED_FIT.get((model, True)), SHARED_FIT.get((model, False))
+    if job is None or on is None or off is None:
+        return None
+    return trained(job), on, off
+
+
 def measure(quick: bool) -> list[Row]:
     cases = specs(quick)
     jobs: dict[tuple[str, bool], list[Trained]] = {}
+    # (on, off, median on, median off, what ran) per model
+    rates: dict[str, tuple[float, float, float, float, str]] = {}
     with tempfile.TemporaryDirectory(prefix="reprotrain-bench-train-") as tmp:
         for i, (model, spec) in enumerate(cases.items()):
+            shared = _shared(model)
+            if shared is not None:
+                job, on_fit, off_fit = shared
+                jobs[model, True] = [job]
+                rates[model] = (on_fit[0], off_fit[0], on_fit[1], off_fit[1], "model.fit")
+                continue
             # ABBA, and BAAB for the next model: neither setting always meets a warmer machine.
             # Two processes per setting, since a job's speed also varies from process to process.
             order = (True, False) if i % 2 == 0 else (False, True)
-            for n, on in enumerate(order if quick else (*order, *reversed(order))):
-                progress(f"training {model}, op determinism {'on' if on else 'off'}")
-                case = {**spec, "determinism": {"op_determinism": on}}
-                result = run_job(case, Path(tmp) / f"{model}-{n}")
-                jobs.setdefault((model, on), []).append(trained(result))
+            for n, setting in enumerate(order if quick else (*order, *reversed(order))):
+                progress(f"training {model}, op determinism {'on' if setting else 'off'}")
+                result = run_job(with_determinism(spec, setting), Path(tmp) / f"{model}-{n}")
+                jobs.setdefault((model, setting), []).append(trained(result))
     results = {key: best_of(runs) for key, runs in jobs.items()}
+    for model in cases:
+        if model not in rates:
+            on, off = results[model, True], results[model, False]
+            rates[model] = (
+                on.steps_per_s,
+                off.steps_per_s,
+                on.median_steps_per_s,
+                off.median_steps_per_s,
+                "jobs",
+            )
 
     rows = []
     for model, spec in cases.items():
-        on, off = results[model, True], results[model, False]
+        on_rate, off_rate, median_on, median_off, ran = rates[model]
         ds = spec["dataset"]
-        config = f"{model}, batch {ds['batch_size']} x {ds['train_batches']} steps/epoch"
+        config = f"{model}, batch {ds['batch_size']} x {ds['train_batches']} steps/epoch, {ran}"
         rows.append(
             Row(
                 section="determinism",
                 benchmark="op determinism on vs off",
                 configuration=config,
                 unit="steps/s",
-                measured=on.steps_per_s,
-                baseline=off.steps_per_s,
-                ratio=on.steps_per_s / off.steps_per_s,
+                measured=on_rate,
+                baseline=off_rate,
+                ratio=on_rate / off_rate,
                 params={
                     "model": model,
-                    "median_on": on.median_steps_per_s,
-                    "median_off": off.median_steps_per_s,
+                    "ran": ran,
+                    "median_on": median_on,
+                    "median_off": median_off,
                 },
             )
         )
@@ -232,7 +276,8 @@ def measure(quick: bool) -> list[Row]:
             Row(
                 section="trace",
                 benchmark="per-epoch trace share of training",
-                configuration=f"{model}, {len(jobs[model, True])} jobs, epochs of "
+                configuration=f"{model}, {len(jobs[model, True])} "
+                f"job{'s' if len(jobs[model, True]) > 1 else ''}, epochs of "
                 f"{on.training_s / epochs:.2f} s: "
                 f"{per_point * 1000:.1f} ms per trace point",
                 unit="s",

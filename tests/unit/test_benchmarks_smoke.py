@@ -43,3 +43,39 @@ def test_readme_results_are_replaced_between_the_markers_only() -> None:
     head, tail = text.split(BEGIN)[0], text.split(END)[1]
     assert replaced == f"{head}{BEGIN}\nnew figures\n{END}{tail}"
     assert replace_block(replaced, "newer") == replace_block(text, "newer")
+
+
+def test_training_rows_come_from_the_keras_sections_jobs(tmp_path: Path) -> None:
+    # One command with both sections: the job-vs-model.fit rows for every baseline, and the
+    # determinism and trace rows built from the same processes (none started twice).
+    rows_json = tmp_path / "rows.json"
+    sections = ["--only", "training", "--only", "keras"]
+    outputs = ["--json", str(rows_json), "--plot", str(tmp_path / "results.png")]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", *sections, *outputs],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(rows_json.read_text())["rows"]
+    keras = [r for r in rows if r["section"] == "keras"]
+    assert sorted(r["params"]["baseline"] for r in keras) == [
+        "fit",
+        "fit_nondeterministic",
+        "fit_steps_per_execution",
+    ]
+    assert all(r["measured"] > 0 and r["baseline"] > 0 for r in keras)
+    (trace,) = [r for r in rows if r["section"] == "trace"]
+    (determinism,) = [r for r in rows if r["section"] == "determinism"]
+    assert "mlp, 1 job," in trace["configuration"]
+    # The determinism ratio is that of the keras rows' model.fit runs, on (a) and off (b).
+    fit = {r["params"]["baseline"]: r["baseline"] for r in keras}
+    assert determinism["configuration"].endswith(", model.fit")
+    assert (determinism["measured"], determinism["baseline"]) == (
+        fit["fit"],
+        fit["fit_nondeterministic"],
+    )
+    assert "training mlp, op determinism" not in done.stderr  # it started no job of its own
