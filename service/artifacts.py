@@ -30,6 +30,27 @@ def check_upload(name: str, declared_sha256: str | None) -> str:
     return digest
 
 
+async def write_hashed(
+    chunks: AsyncIterator[bytes], path: Path, *, max_bytes: int, what: str
+) -> tuple[str, int]:
+    """Write the stream to a new owner-only file, synced: (hex SHA-256, size).
+
+    BodyTooLarge past `max_bytes` (counted as the bytes arrive); the caller removes `path`
+    when anything fails.
+    """
+    h, size = hashlib.sha256(), 0
+    with os.fdopen(open_private(path), "wb") as fh:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"{what} larger than {max_bytes} bytes")
+            h.update(chunk)
+            fh.write(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return h.hexdigest(), size
+
+
 async def receive(
     chunks: AsyncIterator[bytes],
     *,
@@ -44,20 +65,11 @@ async def receive(
     """
     private_dir(directory)  # artifacts are owner-only: 0600 files in 0700 directories
     tmp = directory / f".{name}.{os.getpid()}.{id(chunks)}.part"
-    h, size = hashlib.sha256(), 0
     try:
-        with os.fdopen(open_private(tmp), "wb") as fh:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > max_bytes:
-                    raise BodyTooLarge(f"artifact larger than {max_bytes} bytes")
-                h.update(chunk)
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if h.hexdigest() != declared_sha256:
+        actual, size = await write_hashed(chunks, tmp, max_bytes=max_bytes, what="artifact")
+        if actual != declared_sha256:
             raise DigestMismatch(
-                f"received {size} bytes with SHA-256 {h.hexdigest()}, not {declared_sha256}"
+                f"received {size} bytes with SHA-256 {actual}, not {declared_sha256}"
             )
         final = directory / declared_sha256[:2] / declared_sha256
         private_dir(final.parent)

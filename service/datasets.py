@@ -8,7 +8,6 @@ recorded; any refusal leaves neither a file nor a row behind.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -21,16 +20,16 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.artifacts import write_hashed
 from service.auth import GRANTS, Principal, audit
 from service.errors import (
-    BodyTooLarge,
     DatasetRefused,
     DigestMismatch,
     InvalidSpec,
     MalformedBody,
     NotFound,
 )
-from service.file_modes import open_private, private_dir
+from service.file_modes import private_dir
 from service.models import Dataset, Experiment, Run, Worker
 from worker.dataset_format import DEFAULT_MAX_ARRAY_BYTES, DatasetFormatError, inspect_dataset
 
@@ -72,21 +71,12 @@ async def spool(
     """
     private_dir(directory)
     tmp = directory / f".upload-{secrets.token_hex(8)}.part"
-    h, size = hashlib.sha256(), 0
     try:
-        with os.fdopen(open_private(tmp), "wb") as fh:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > max_bytes:
-                    raise BodyTooLarge(f"dataset larger than {max_bytes} bytes")
-                h.update(chunk)
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
+        hexdigest, size = await write_hashed(chunks, tmp, max_bytes=max_bytes, what="dataset")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    actual = f"sha256:{h.hexdigest()}"
+    actual = f"sha256:{hexdigest}"
     if actual != declared:
         tmp.unlink(missing_ok=True)
         raise DigestMismatch(

@@ -37,14 +37,6 @@ MAX_ATTEMPTS = 200
 BURST_SECONDS = 100.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "sqlite":
-        return None  # the embedded default: a SQLite file in the data directory
-    url: str = request.getfixturevalue("postgres_url")
-    return url
-
-
 class RestartableService:
     """`repro serve` on one data directory and database, across SIGKILLs and restarts.
 

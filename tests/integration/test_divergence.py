@@ -135,14 +135,6 @@ def _wait(svc: Service, path: str, done: Any, timeout: float = 300) -> dict[str,
     raise TimeoutError(f"{path}: {doc}\n{svc.log.read_text()[-3000:]}")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "sqlite":
-        return None  # the embedded default
-    url: str = request.getfixturevalue("postgres_url")
-    return url
-
-
 def test_service_diagnoses_refines_to_the_step_and_audits(
     tmp_path: Path, plugin_paths: list[Path], database_url: str | None
 ) -> None:

@@ -39,14 +39,6 @@ def _files_under(*directories: Path) -> bytes:
     )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "sqlite":
-        return None  # the embedded default: a SQLite file in the data directory
-    url: str = request.getfixturevalue("postgres_url")
-    return url
-
-
 def _dashboard_pages(svc: Service, *paths: str) -> list[str]:
     """The dashboard's pages at `paths`, as a browser logged in with the admin token sees them."""
     with httpx.Client(base_url=svc.url, timeout=30) as browser:

@@ -36,11 +36,6 @@ SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 SERVER_ENV = {"REPRO_LEASE_SECONDS": "600"}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest) -> str | None:
-    return None if request.param == "sqlite" else str(request.getfixturevalue("postgres_url"))
-
-
 def running_runs(service: Service, count: int) -> tuple[list[int], str]:
     """`count` runs held (running) by one worker, and a worker token with no run to claim."""
     ids = []

@@ -27,14 +27,6 @@ pytestmark = pytest.mark.slow
 TWO_DEVICES = {"REPRO_WORKER_CPU_REPLICAS": "2"}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "sqlite":
-        return None  # the embedded default: a SQLite file in the data directory
-    url: str = request.getfixturevalue("postgres_url")
-    return url
-
-
 def _tiny(replicas: int, name: str = "tiny-replicas") -> dict[str, Any]:
     spec = blobs_spec(name=name, distribution={"replicas": replicas})
     spec["dataset"].update(train_batches=3, eval_batches=0)

@@ -11,32 +11,21 @@ TensorFlow-free.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import threading
 from pathlib import Path
 
-from worker.node.client import ApiClient
+from worker.node.client import ApiClient, file_sha256
 
 log = logging.getLogger("reprotrain.agent")
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
-_CHUNK = 1 << 20
 READ_ONLY = 0o444
 
 
 class DatasetCacheError(ValueError):
     """A digest this cache cannot hold (not `sha256:<64 hex>`)."""
-
-
-def sha256_of(path: Path) -> str:
-    """`sha256:<hex>` of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
 
 
 class DatasetCache:
@@ -61,7 +50,7 @@ class DatasetCache:
         path = self.path(digest)
         with self._lock:
             if path.exists():
-                actual = sha256_of(path)
+                actual = "sha256:" + file_sha256(path)[0]
                 if actual == digest:
                     return path
                 log.warning(
