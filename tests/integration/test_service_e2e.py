@@ -145,7 +145,7 @@ def _count(api: Service) -> int:
             SEED001.replace("generator: gaussian_blobs", "generator: imagenet"),
             "application/yaml",
             422,
-            "known: gaussian_blobs, pattern_images, regression",
+            "known: arrays, gaussian_blobs, pattern_images, regression",
         ),
         (SEED001 + "\nsurprise: 1\n", "application/yaml", 422, "surprise"),
         (SEED001, "text/csv", 415, "JSON or YAML"),
