@@ -116,18 +116,15 @@ def test_a_result_finished_while_the_api_is_down_is_recorded_once_it_is_back(
     second: Service | None = None
     try:
         workers.append(WorkerProc(first.url, work_dir, token=token, name="w"))
-        run_id = first.submit(_spec(epochs=6, train_batches=30), "application/json").json()["run"][
+        run_id = first.submit(_spec(epochs=10, train_batches=30), "application/json").json()["run"][
             "id"
         ]
 
         def started() -> bool:
             run = first.client.get(f"/api/v1/runs/{run_id}").json()
-            return run["status"] == "running" and (run.get("progress") or {}).get("event") in (
-                "started",
-                "epoch",
-                "step",
-                "checkpoint",
-            )
+            # Any progress at all: the job is training (a fast machine may report only
+            # epoch starts and ends between two looks).
+            return run["status"] == "running" and bool((run.get("progress") or {}).get("event"))
 
         _wait_for("the job to train", started)
         held_by = first.client.get(f"/api/v1/runs/{run_id}").json()["worker_id"]
@@ -153,7 +150,7 @@ def test_a_result_finished_while_the_api_is_down_is_recorded_once_it_is_back(
         assert done["final_fingerprint"] == kept["body"]["result"]["final_fingerprint"]
         assert done["final_fingerprint"] == _attempt_result(work_dir, run_id)["final_fingerprint"]
         assert done["worker_id"] == held_by and done["attempt"] == 1  # never run twice
-        assert [p["kind"] for p in done["trace"]] == ["init"] + ["epoch"] * 6  # recorded once
+        assert [p["kind"] for p in done["trace"]] == ["init"] + ["epoch"] * 10  # recorded once
         assert second.client.get("/api/v1/runs", params={"count": "true"}).json()["total"] == 1
         _wait_for("the outbox to empty", lambda: not list((work_dir / "outbox").glob("run-*")), 30)
     finally:
