@@ -323,7 +323,7 @@ def run_training(
             "run resumed from a checkpoint draws other numbers than an uninterrupted one; "
             "use keras.random with a SeedGenerator, or tf.random.stateless_*"
         )
-    tf_rng = (["callbacks"] if callbacks else []) + job.data.stateful_random_ops + step_rng
+    tf_rng = job.data.stateful_random_ops + step_rng
     reseed_tf = classic or bool(tf_rng)
     record["reseed_tensorflow"] = (
         "every epoch" + (f" (stateful random ops: {', '.join(tf_rng)})" if tf_rng else "")
