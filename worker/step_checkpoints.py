@@ -17,9 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from worker import determinism
-from worker.checkpoint import save_checkpoint, step_stem
+from worker.checkpoint import Syncer, save_checkpoint, step_stem
 from worker.errors import CheckpointError
-from worker.fingerprint import fingerprint_state
+from worker.fingerprint import fingerprint_arrays, read_state
 from worker.stateless_dataset import StatelessRngDataset
 from worker.trace import TracePoint
 
@@ -90,21 +90,33 @@ def save_step_checkpoint(
     last_point: TracePoint,
     position: tuple[int, int, int],
     train_metrics: Sequence[keras.metrics.Metric],
+    syncer: Syncer | None = None,
 ) -> str:
     """Write the step checkpoint at (epoch, batch, global step); returns its JSON's name.
 
-    `meta(name, fingerprint)` gives the keys every checkpoint has. The state's fingerprint
-    is reused from a trace point taken at this very step, else computed.
+    `meta(name, fingerprint)` gives the keys every checkpoint has. The variables are read
+    once for both the arrays and the fingerprint, which is reused instead from a trace
+    point taken at this very step.
     """
     epoch, batch, step = position
+    arrays = read_state(state)
     fingerprint = (
         last_point.fingerprint
         if (last_point.kind, last_point.step) == ("step", step)
-        else fingerprint_state(state).fingerprint
+        else fingerprint_arrays(zip((path for path, _ in state), arrays, strict=True)).fingerprint
     )
     name = f"{step_stem(step)}.json"
     full = {**meta(name, fingerprint), **step_meta(epoch, batch, step, train_metrics)}
-    save_checkpoint(directory, epoch=epoch, step=step, batch=batch, state=state, meta=full)
+    save_checkpoint(
+        directory,
+        epoch=epoch,
+        step=step,
+        batch=batch,
+        state=state,
+        meta=full,
+        arrays=arrays,
+        syncer=syncer,
+    )
     return name
 
 

@@ -374,6 +374,8 @@ def run_training(
             "consumed_data_fingerprints": consumed,
         }
 
+    # Checkpoints count once renamed into place; their fsyncs run beside training.
+    syncer = ckpt_io.Syncer()
     for epoch in range(first_epoch, last_epoch + 1):
         t_epoch = time.monotonic()
         determinism.reseed(seed, "epoch", epoch, tensorflow=reseed_tf)
@@ -429,6 +431,7 @@ def run_training(
                     last_point=out.trace[-1],
                     position=(epoch, batch_in_epoch, step),
                     train_metrics=job.train_metrics,
+                    syncer=syncer,
                 )
                 out.checkpoints.append(name)
                 timings["checkpointing"] += time.monotonic() - t_ck
@@ -464,7 +467,7 @@ def run_training(
             name = f"epoch-{epoch:06d}.json"
             meta = checkpoint_meta(name, out.trace[-1].fingerprint)
             ckpt_io.save_checkpoint(
-                checkpoint_dir, epoch=epoch, step=step, state=job.state, meta=meta
+                checkpoint_dir, epoch=epoch, step=step, state=job.state, meta=meta, syncer=syncer
             )
             out.checkpoints.append(name)
             timings["checkpointing"] += time.monotonic() - t_ck
@@ -474,6 +477,9 @@ def run_training(
             out.interrupted_after_epoch = epoch
             reporter.emit("interrupted", epoch=epoch, step=step)
             break
+    t_ck = time.monotonic()
+    syncer.close()  # the job reports success only with its checkpoints on disk
+    timings["checkpointing"] += time.monotonic() - t_ck
 
     # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
     t_data = time.monotonic()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from worker.checkpoint import (
+    Syncer,
     list_checkpoints,
     load_checkpoint,
     load_latest,
@@ -102,3 +103,26 @@ def test_restore_refuses_a_different_model(tmp_path: Path) -> None:
 def test_no_temporary_files_are_left(tmp_path: Path) -> None:
     _save(tmp_path, 1, 1.0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000001.json", "epoch-000001.npz"]
+
+
+def test_a_checkpoint_synced_in_the_background_is_complete_before_its_sync(tmp_path: Path) -> None:
+    syncer = Syncer()
+    json_path = save_checkpoint(
+        tmp_path,
+        epoch=1,
+        step=10,
+        state=_state(1.0),
+        meta={"spec_hash": "sha256:s", "fingerprint": "fp1"},
+        syncer=syncer,
+    )
+    ckpt = load_checkpoint(json_path)  # readable at once, before the fsyncs are waited for
+    assert [a.tobytes() for a in ckpt.arrays] == [v.value.tobytes() for _, v in _state(1.0)]
+    syncer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000001.json", "epoch-000001.npz"]
+
+
+def test_a_failed_background_sync_fails_on_close(tmp_path: Path) -> None:
+    syncer = Syncer()
+    syncer.sync(tmp_path / "gone.npz")  # removed before it could be synced
+    with pytest.raises(CheckpointError, match="could not be synced"):
+        syncer.close()
