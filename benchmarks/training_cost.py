@@ -288,10 +288,10 @@ def measure(quick: bool) -> list[Row]:
                 met=share <= TRACE_TARGET,
                 cause=""
                 if share <= TRACE_TARGET
-                else f"a trace point costs {per_point * 1000:.1f} ms, mostly TensorFlow "
-                "re-creating the eager kernels that each epoch's tf.random.set_seed clears; epochs "
-                "over "
-                f"{per_point / TRACE_TARGET:.2f} s keep the share under the target",
+                else f"a trace point costs {per_point * 1000:.1f} ms (reading and hashing the "
+                "state; more when the job reseeds TensorFlow every epoch, which clears the "
+                f"eager kernels' caches); epochs over {per_point / TRACE_TARGET:.2f} s keep the "
+                "share under the target",
                 params={"model": model, "share": share, "per_point_s": per_point},
             )
         )

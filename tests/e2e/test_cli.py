@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.jobs import REPO, blobs_spec, job_env, write_spec
+from tests.e2e.cli import repro
+from tests.integration.jobs import REPO, blobs_spec, write_spec
 from worker.fingerprint import combine
 
 pytestmark = pytest.mark.slow
-
-
-def repro(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
-        cwd=cwd,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def test_validate_reports_hash_or_field_errors(tmp_path: Path) -> None:

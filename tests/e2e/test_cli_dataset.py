@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.integration.jobs import job_env, write_spec
+from tests.e2e.cli import repro
+from tests.integration.jobs import write_spec
 from worker.dataset_format import file_digest
 
 pytestmark = pytest.mark.slow
-
-
-def repro(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
-        cwd=cwd,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def test_run_with_a_dataset_trains_on_it_and_exports_the_model(tmp_path: Path) -> None:
