@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel
 from starlette.types import Receive, Scope, Send
 
 from service import experiments as svc
-from service.api import run_pages
+from service.api import reads, run_pages
 from service.api.deps import (
     IdPath,
     Offset,
@@ -63,7 +63,8 @@ Cursor = Annotated[
 
 
 @router.get("", response_model=RunPage, responses=errors(422))
-def list_runs(
+async def list_runs(
+    request: Request,
     sessions: Sessions,
     _: ReadAccess,
     status: Status | None = None,
@@ -84,21 +85,32 @@ def list_runs(
     filters = run_pages.RunFilters(
         kind=kind, status=status, experiment_id=experiment_id, verdict=verdict
     )
-    with sessions() as db:
-        page = run_pages.list_runs(
-            db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
-        )
-    return _json(page)
+
+    def page() -> Response:
+        with sessions() as db:
+            return _json(
+                run_pages.list_runs(
+                    db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
+                )
+            )
+
+    return await reads.read(request, page)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
-def get_run(run_id: IdPath, sessions: Sessions, settings: SettingsDep, _: ReadAccess) -> Response:
+async def get_run(
+    request: Request, run_id: IdPath, sessions: Sessions, settings: SettingsDep, _: ReadAccess
+) -> Response:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
-    with sessions() as db:
-        run = load_run(db, run_id)
-        if run is None:
-            raise NotFound(f"run {run_id} does not exist")
-        return _json(run_detail(db, run, settings=settings))
+
+    def detail() -> Response:
+        with sessions() as db:
+            run = load_run(db, run_id)
+            if run is None:
+                raise NotFound(f"run {run_id} does not exist")
+            return _json(run_detail(db, run, settings=settings))
+
+    return await reads.read(request, detail)
 
 
 @router.post(

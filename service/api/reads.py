@@ -1,0 +1,33 @@
+"""Where the hot read routes do their database work.
+
+A sync route runs in the thread pool: one hand-off there and back per request, and with
+many requests in flight the pool's threads and the event loop take turns at the GIL. For
+an embedded SQLite database that costs more than the read itself (GET /runs/{id} took
+twice the CPU time in the pool as on the event loop, a page of runs more than twice),
+and it buys nothing: the file is local, and in WAL mode a reader never waits for a
+writer. So with SQLite these reads run on the event loop. A server database is read from
+the pool, where a slow network or a long query holds up one thread instead of every
+request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+
+T = TypeVar("T")
+
+
+def configure(app: FastAPI) -> None:
+    """Decide once, from the app's engine, where its reads run."""
+    app.state.reads_on_loop = app.state.engine.dialect.name == "sqlite"
+
+
+async def read(request: Request, work: Callable[[], T]) -> T:
+    """`work()`'s result: called right here with SQLite, else in the thread pool."""
+    if request.app.state.reads_on_loop:
+        return work()
+    return await run_in_threadpool(work)

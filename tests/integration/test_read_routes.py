@@ -1,0 +1,71 @@
+"""Where the hot read routes run: on the event loop with SQLite (no thread-pool slot), in
+the thread pool with PostgreSQL (a slow database then holds up a thread, not the loop).
+The app runs in-process so the test can take every thread-pool slot first."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import anyio.to_thread
+import httpx
+import pytest
+
+from service.app import create_app
+from service.auth import create_token
+from service.config import Settings
+from service.migrate import upgrade
+from tests.integration.jobs import REPO
+
+SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    url = "" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    settings = Settings(data_dir=tmp_path / "data", database_url=url)
+    upgrade(settings.resolved_database_url)
+    return settings
+
+
+def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Settings) -> None:
+    app = create_app(settings)
+    with app.state.sessionmaker() as db:
+        secret = create_token(db=db, name="submitter", role="submitter")[1]
+    on_loop = settings.resolved_database_url.startswith("sqlite")
+
+    async def main() -> None:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://api",
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=30,
+        ) as client:
+            submitted = await client.post(
+                "/api/v1/experiments", content=SEED001, headers={"Content-Type": "application/yaml"}
+            )
+            assert submitted.status_code == 201, submitted.text
+            run_id = submitted.json()["run"]["id"]
+            paths = [f"/api/v1/runs/{run_id}", "/api/v1/runs?limit=5"]
+            before = [(await client.get(p)).json() for p in paths]  # the token is cached now
+
+            limiter = anyio.to_thread.current_default_thread_limiter()
+            holders = [object() for _ in range(int(limiter.total_tokens))]
+            for holder in holders:
+                await limiter.acquire_on_behalf_of(holder)
+            try:
+                reads = [asyncio.create_task(client.get(p)) for p in paths]
+                done, _ = await asyncio.wait(reads, timeout=2)
+                assert len(done) == (len(paths) if on_loop else 0)
+            finally:
+                for holder in holders:
+                    limiter.release_on_behalf_of(holder)
+            answers = [await asyncio.wait_for(r, 20) for r in reads]
+        assert [a.status_code for a in answers] == [200, 200]
+        assert [a.json() for a in answers] == before
+        assert answers[1].json()["items"][0]["id"] == run_id
+
+    try:
+        asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
