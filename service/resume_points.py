@@ -12,10 +12,12 @@ complete checkpoint makes the older step checkpoints of the run useless: they ar
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from functools import cache
+from typing import Any, Literal, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from service import artifacts
@@ -45,32 +47,63 @@ def steps_per_epoch(run: Run) -> int:
     return max(int(run.experiment.spec["dataset"]["train_batches"]), 1)
 
 
-def complete_checkpoints(db: Session, run: Run) -> list[ResumePoint]:
-    """The run's checkpoints whose npz and json were both uploaded, oldest step first."""
-    per_epoch = steps_per_epoch(run)
-    stems: dict[tuple[Literal["epoch", "step"], int], dict[str, Artifact]] = {}
-    for art in db.scalars(
-        select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
-    ):
-        match = _NAME.match(art.name)
+Kind = Literal["epoch", "step"]
+T = TypeVar("T")
+
+
+def _complete(
+    files: Iterable[tuple[str, int | None, T]], per_epoch: int
+) -> list[tuple[Kind, int, int, T, T]]:
+    """(kind, epoch, step, npz, json) of each checkpoint both of whose files are among the
+    (name, epoch, file) entries, oldest step first."""
+    stems: dict[tuple[Kind, int], dict[str, T]] = {}
+    for name, stored_epoch, file in files:
+        match = _NAME.match(name)
         if match is None:
             continue
-        kind: Literal["epoch", "step"] = "epoch" if match.group(1) == "epoch" else "step"
+        kind: Kind = "epoch" if match.group(1) == "epoch" else "step"
         digits, ext = match.group(2), match.group(3)
         # Epoch checkpoints carry their epoch; step checkpoints are stored without one.
         expected = (6, True) if kind == "epoch" else (9, False)
-        if (len(digits), art.epoch is not None) != expected:
+        if (len(digits), stored_epoch is not None) != expected:
             continue
-        stems.setdefault((kind, int(digits)), {})[ext] = art
+        stems.setdefault((kind, int(digits)), {})[ext] = file
     points = []
-    for (found, number), files in stems.items():
-        if {"npz", "json"} <= set(files):
+    for (found, number), pair in stems.items():
+        if {"npz", "json"} <= set(pair):
             epoch, step = (
                 (number, number * per_epoch) if found == "epoch" else (number // per_epoch, number)
             )
-            points.append(ResumePoint(found, epoch, step, files["npz"], files["json"]))
+            points.append((found, epoch, step, pair["npz"], pair["json"]))
     # At one step an epoch checkpoint is preferred: its epoch is finished, evaluation included.
-    return sorted(points, key=lambda p: (p.step, p.kind == "epoch"))
+    return sorted(points, key=lambda p: (p[2], p[0] == "epoch"))
+
+
+def complete_checkpoints(db: Session, run: Run) -> list[ResumePoint]:
+    """The run's checkpoints whose npz and json were both uploaded, oldest step first."""
+    found = db.scalars(
+        select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
+    )
+    files = ((art.name, art.epoch, art) for art in found)
+    return [ResumePoint(*point) for point in _complete(files, steps_per_epoch(run))]
+
+
+@cache
+def _names_query() -> Select[Any]:
+    # Built once: building a statement costs more than running this one.
+    columns = Artifact.__table__.columns
+    return select(columns.name, columns.epoch).where(
+        columns.run_id == bindparam("run_id"), columns.kind == "checkpoint"
+    )
+
+
+def checkpoint_position(db: Session, run: Run) -> tuple[int | None, int | None]:
+    """The newest complete epoch checkpoint's epoch and the newest complete checkpoint's
+    global step (None when there is none): what a run's detail shows, read by name only."""
+    rows = db.execute(_names_query(), {"run_id": run.id})
+    points = _complete(((name, epoch, name) for name, epoch in rows), steps_per_epoch(run))
+    epochs = [epoch for kind, epoch, *_ in points if kind == "epoch"]
+    return (max(epochs) if epochs else None), (points[-1][2] if points else None)
 
 
 def newest(db: Session, run: Run) -> ResumePoint | None:

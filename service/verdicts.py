@@ -2,30 +2,30 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from service.comparisons import compare
 from service.models import Run, TracePointRow, Verdict
 
 
+@cache
+def _trace_query() -> Select[Any]:
+    # Built once (building a statement costs more than running this one); the id is bound.
+    columns = TracePointRow.__table__.columns
+    return (
+        select(columns.kind, columns.epoch, columns.step, columns.fingerprint, columns.variables)
+        .where(columns.run_id == bindparam("run_id"))
+        .order_by(columns.seq)
+    )
+
+
 def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
     """A run's trace points in recorded order."""
-    rows = db.scalars(
-        select(TracePointRow).where(TracePointRow.run_id == run_id).order_by(TracePointRow.seq)
-    )
-    return [
-        {
-            "kind": r.kind,
-            "epoch": r.epoch,
-            "step": r.step,
-            "fingerprint": r.fingerprint,
-            "variables": r.variables,
-        }
-        for r in rows
-    ]
+    return [dict(row) for row in db.execute(_trace_query(), {"run_id": run_id}).mappings()]
 
 
 def update_family(*, db: Session, family_id: int, max_checkpoint_bytes: int | None = None) -> None:

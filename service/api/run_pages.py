@@ -140,7 +140,9 @@ def list_runs(
     if cursor is not None:
         values["before"] = decode_cursor(cursor)
     # Core rows, not ORM entities: a list shows columns only.
-    rows = [dict(r) for r in db.connection().execute(query, values).mappings()]
+    result = db.connection().execute(query, values)
+    keys = tuple(result.keys())
+    rows = [dict(zip(keys, row, strict=True)) for row in result]
     more = len(rows) > limit
     rows = rows[:limit]
     total = None

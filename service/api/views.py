@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, Select, bindparam, select
 from sqlalchemy.orm import Session, joinedload
 
 from service import queue, resume_points
@@ -37,15 +37,21 @@ def out_columns() -> tuple[ColumnElement[Any], ...]:
     return tuple(table[name] for name in RunOut.model_fields if name not in _DERIVED)
 
 
+@cache
+def _members_query() -> Select[int | None, int, str, str]:
+    # Built once; the families are bound (an expanding IN list).
+    return select(Run.family_id, Run.id, Run.status, Run.kind).where(
+        Run.family_id.in_(bindparam("families", expanding=True))
+    )
+
+
 def _references(db: Session, families: set[int]) -> set[int]:
     """The reference run (first successful training) of each of these families."""
     if not families:
         return set()
     # Members are read by family only: with the status in SQL, SQLite picks the status
     # index instead and reads every successful run of the table (13 ms a page at 10k runs).
-    members = db.execute(
-        select(Run.family_id, Run.id, Run.status, Run.kind).where(Run.family_id.in_(families))
-    )
+    members = db.execute(_members_query(), {"families": list(families)})
     first: dict[int, int] = {}
     for family, run_id, status, kind in members:
         if family is None or status != "succeeded" or kind != "train":
@@ -116,9 +122,20 @@ def _report(db: Session, verdict: Verdict | None) -> ComparisonReport | None:
         return ComparisonReport.model_validate(fresh)
 
 
+@cache
+def _run_query() -> Select[Run]:
+    # Built once (building it, options included, cost more than running it); the id is bound.
+    return (
+        select(Run)
+        .options(joinedload(Run.experiment), joinedload(Run.verdict_record))
+        .where(Run.id == bindparam("run_id"))
+    )
+
+
 def load_run(db: Session, run_id: int) -> Run | None:
     """The run with its experiment and verdict, in one query (None if there is none)."""
-    return db.get(Run, run_id, options=[joinedload(Run.experiment), joinedload(Run.verdict_record)])
+    found: Run | None = db.execute(_run_query(), {"run_id": run_id}).unique().scalar_one_or_none()
+    return found
 
 
 def _is_reference(db: Session, run: Run) -> bool:
@@ -130,9 +147,8 @@ def _is_reference(db: Session, run: Run) -> bool:
 def run_detail(db: Session, run: Run, *, settings: Settings | None = None) -> RunDetail:
     """Everything recorded about a run (with `settings`, also why a queued run waits)."""
     verdict = run.verdict_record
-    # Both checkpoint fields come from one read of the run's checkpoint files.
-    points = resume_points.complete_checkpoints(db, run)
-    epochs = [p.epoch for p in points if p.kind == "epoch"]
+    # Both checkpoint fields come from one read of the names of the run's checkpoint files.
+    checkpoint_epoch, checkpoint_step = resume_points.checkpoint_position(db, run)
     return RunDetail.model_validate(
         {
             **_row_of(run),
@@ -149,8 +165,8 @@ def run_detail(db: Session, run: Run, *, settings: Settings | None = None) -> Ru
             "result_summary": run.result_summary,
             "verdict_report": _report(db, verdict),
             "reference_run_id": verdict.reference_run_id if verdict else None,
-            "checkpoint_epoch": max(epochs) if epochs else None,
-            "checkpoint_step": points[-1].step if points else None,
+            "checkpoint_epoch": checkpoint_epoch,
+            "checkpoint_step": checkpoint_step,
             "reported_by": run.reported_by,
             "waiting_reason": (
                 queue.waiting_reason(db=db, run=run, settings=settings) if settings else None
