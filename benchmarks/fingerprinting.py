@@ -105,8 +105,9 @@ def gap_cause(measured: Timed, baseline: Timed, reads: Timed, raw_tf: Timed, cou
     )
     if reads.best >= max(buffers, rest):
         return parts + (
-            "; the reads are one eager ReadVariableOp each (a compiled read of all of them is "
-            "instantiated again after every tf.random.set_seed, 10 times slower in a job)"
+            "; the reads are one eager ReadVariableOp each (a compiled read of all of them "
+            "takes about half as long, but is instantiated again each time a job reseeds "
+            "TensorFlow, which jobs with stateful random ops still do every epoch)"
         )
     if buffers >= rest:
         return parts + "; TensorFlow's buffers hash slower (memory placement), not fixable here"

@@ -231,7 +231,8 @@ def _read_variable(variable: _Variable, reader: Callable[..., Any] | None = None
     name scope, gradient-tape check and extra `identity` op took most of a small model's
     fingerprint; and eagerly rather than as one compiled read of every variable, because
     the compiled read is instantiated again whenever TensorFlow's caches are cleared, as
-    `tf.random.set_seed` does at every epoch (20 ms against 2 ms per trace point). A Keras
+    `tf.random.set_seed` does (20 ms against 2 ms per trace point in a job that reseeds
+    TensorFlow every epoch, as jobs with stateful random ops still do). A Keras
     variable holds its backend variable in `.value`, which is also what its `.numpy()` reads.
     """
     holders: tuple[Any, ...] = (getattr(variable, "value", None), variable)  # a method on tf
