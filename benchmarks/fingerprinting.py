@@ -106,7 +106,7 @@ def gap_cause(measured: Timed, baseline: Timed, reads: Timed, raw_tf: Timed, cou
     if reads.best >= max(buffers, rest):
         return parts + (
             "; the reads are one eager ReadVariableOp each (a compiled read of all of them "
-            "takes about half as long, but is instantiated again each time a job reseeds "
+            "is faster, but is instantiated again each time a job reseeds "
             "TensorFlow, which jobs with stateful random ops still do every epoch)"
         )
     if buffers >= rest:
