@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import Select, and_, bindparam, case, func, select
 from sqlalchemy.orm import Session
 
 from service.comparisons import compare
@@ -26,6 +26,29 @@ def _trace_query() -> Select[Any]:
 def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
     """A run's trace points in recorded order."""
     return [dict(row) for row in db.execute(_trace_query(), {"run_id": run_id}).mappings()]
+
+
+@cache
+def _references_query() -> Select[int | None, Any]:
+    # Built once; the families are bound (an expanding IN list). Filtering on status and
+    # kind in WHERE let SQLite pick the (kind, status) index and read every successful run
+    # of the table; inside MIN it reads the families' rows by the family index, and
+    # answers one row per family.
+    first_ok = func.min(case((and_(Run.status == "succeeded", Run.kind == "train"), Run.id)))
+    return (
+        select(Run.family_id, first_ok)
+        .where(Run.family_id.in_(bindparam("families", expanding=True)))
+        .group_by(Run.family_id)
+    )
+
+
+def family_references(db: Session, families: set[int]) -> dict[int, int]:
+    """The reference run (first successful training) of each of these families that has
+    one, by family id."""
+    if not families:
+        return {}
+    found = db.execute(_references_query(), {"families": sorted(families)})
+    return {family: first for family, first in found if first is not None}
 
 
 def update_family(*, db: Session, family_id: int, max_checkpoint_bytes: int | None = None) -> None:

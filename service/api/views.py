@@ -21,7 +21,7 @@ from service.comparisons import compare
 from service.config import Settings
 from service.models import Run, Verdict
 from service.schemas import ComparisonReport, RunDetail, RunOut
-from service.verdicts import trace_of
+from service.verdicts import family_references, trace_of
 
 # RunOut fields that are not columns of a run.
 _DERIVED = frozenset({"verdict", "is_reference"})
@@ -35,30 +35,6 @@ def out_columns() -> tuple[ColumnElement[Any], ...]:
     if missing:
         raise RuntimeError(f"RunOut fields that are not run columns: {sorted(missing)}")
     return tuple(table[name] for name in RunOut.model_fields if name not in _DERIVED)
-
-
-@cache
-def _members_query() -> Select[int | None, int, str, str]:
-    # Built once; the families are bound (an expanding IN list).
-    return select(Run.family_id, Run.id, Run.status, Run.kind).where(
-        Run.family_id.in_(bindparam("families", expanding=True))
-    )
-
-
-def _references(db: Session, families: set[int]) -> set[int]:
-    """The reference run (first successful training) of each of these families."""
-    if not families:
-        return set()
-    # Members are read by family only: with the status in SQL, SQLite picks the status
-    # index instead and reads every successful run of the table (13 ms a page at 10k runs).
-    members = db.execute(_members_query(), {"families": list(families)})
-    first: dict[int, int] = {}
-    for family, run_id, status, kind in members:
-        if family is None or status != "succeeded" or kind != "train":
-            continue
-        if run_id < first.get(family, run_id + 1):
-            first[family] = run_id
-    return set(first.values())
 
 
 def _trains_ok(row: dict[str, Any]) -> bool:
@@ -75,9 +51,8 @@ def outs_of_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[RunOut]:
         rows = [{**r, "verdict": verdicts.get(r["id"])} for r in rows]
     # A family's first run is its reference once it succeeds (every other member is newer);
     # only the families of other successful members need a look.
-    references = _references(
-        db, {r["family_id"] for r in rows if _trains_ok(r) and r["family_id"] != r["id"]}
-    )
+    families = {r["family_id"] for r in rows if _trains_ok(r) and r["family_id"] != r["id"]}
+    references = set(family_references(db, families).values())
     return [
         RunOut.model_validate(
             {
@@ -141,7 +116,10 @@ def load_run(db: Session, run_id: int) -> Run | None:
 def _is_reference(db: Session, run: Run) -> bool:
     if run.status != "succeeded" or run.kind != "train" or run.family_id is None:
         return False
-    return run.family_id == run.id or run.id in _references(db, {run.family_id})
+    return (
+        run.family_id == run.id
+        or family_references(db, {run.family_id}).get(run.family_id) == run.id
+    )
 
 
 def run_detail(db: Session, run: Run, *, settings: Settings | None = None) -> RunDetail:

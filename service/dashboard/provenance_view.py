@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.dashboard import charts, run_rows
+from service.dashboard import charts
 from service.models import Run, TracePointRow, Verdict
+from service.verdicts import family_references
 
 # (group title, provenance keys shown in it), in the order an auditor checks them.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -107,7 +108,7 @@ def reference_id(db: Session, run: Run) -> int | None:
         return verdict
     if run.family_id is None:
         return None
-    first = run_rows.family_references(db, {run.family_id}).get(run.family_id)
+    first = family_references(db, {run.family_id}).get(run.family_id)
     return first if first != run.id else None
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.experiments import reported_image
 from service.models import Experiment, Run, Verdict, Worker
+from service.verdicts import family_references
 
 VERDICT_FILTERS = ("identical", "diverged", "incomparable", "reference", "pending")
 
@@ -180,24 +181,6 @@ def references_of(db: Session, runs: Sequence[Run]) -> set[int]:
     """Which of these runs are their family's reference (its first successful training)."""
     families = {r.family_id for r in runs if r.status == "succeeded" and r.kind == "train"}
     return set(family_references(db, {f for f in families if f is not None}).values())
-
-
-def family_references(db: Session, families: set[int]) -> dict[int, int]:
-    """The reference run of each of these families that has one, by family id."""
-    if not families:
-        return {}
-    # Members are read by family only (filtering on status and kind in SQL lets SQLite pick
-    # the (kind, status) index and read every successful run of the table instead).
-    members = db.execute(
-        select(Run.family_id, Run.id, Run.status, Run.kind).where(Run.family_id.in_(families))
-    )
-    first: dict[int, int] = {}
-    for family, run_id, status, kind in members:
-        if family is None or status != "succeeded" or kind != "train":
-            continue
-        if run_id < first.get(family, run_id + 1):
-            first[family] = run_id
-    return first
 
 
 def badge(run: Run, verdict: Verdict | None, is_reference: bool) -> Badge:
