@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Select, bindparam, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
-from service.api.views import out_columns, outs_of_rows
+from service.api.views import out_columns, out_rows
 from service.models import Run, Verdict
 from service.schemas import MAX_ID, RunPage
 
@@ -149,10 +149,13 @@ def list_runs(
     if count:
         matching = _filtered(select(Run.id), filters, verdicts=False).subquery()
         total = db.scalar(select(func.count()).select_from(matching))
-    return RunPage(
-        items=outs_of_rows(db, rows),
-        next_cursor=encode_cursor(rows[-1]["id"]) if more else None,
-        total=total,
-        limit=limit,
-        offset=offset,
+    # Validated as one document: one call into pydantic, not one per run.
+    return RunPage.model_validate(
+        {
+            "items": out_rows(db, rows),
+            "next_cursor": encode_cursor(rows[-1]["id"]) if more else None,
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+        }
     )

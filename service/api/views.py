@@ -41,9 +41,10 @@ def _trains_ok(row: dict[str, Any]) -> bool:
     return bool(row["status"] == "succeeded" and row["kind"] == "train" and row["family_id"])
 
 
-def outs_of_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[RunOut]:
-    """RunOuts of rows holding `out_columns()` (and `verdict`, when read with a join), with
-    verdicts and reference marks, in at most two more queries whatever the page size."""
+def out_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows holding `out_columns()` (and `verdict`, when read with a join) completed with
+    verdicts and reference marks into RunOut's fields, in at most two more queries whatever
+    the page size."""
     if rows and "verdict" not in rows[0]:
         ids = [r["id"] for r in rows]
         found = db.execute(select(Verdict.run_id, Verdict.verdict).where(Verdict.run_id.in_(ids)))
@@ -54,15 +55,17 @@ def outs_of_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[RunOut]:
     families = {r["family_id"] for r in rows if _trains_ok(r) and r["family_id"] != r["id"]}
     references = set(family_references(db, families).values())
     return [
-        RunOut.model_validate(
-            {
-                **r,
-                "is_reference": _trains_ok(r)
-                and (r["family_id"] == r["id"] or r["id"] in references),
-            }
-        )
+        {
+            **r,
+            "is_reference": _trains_ok(r) and (r["family_id"] == r["id"] or r["id"] in references),
+        }
         for r in rows
     ]
+
+
+def outs_of_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[RunOut]:
+    """RunOuts of rows holding `out_columns()` (see `out_rows`)."""
+    return [RunOut.model_validate(row) for row in out_rows(db, rows)]
 
 
 def _row_of(run: Run) -> dict[str, Any]:
