@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.durable import fsync_path
 from worker.errors import CheckpointError, CheckpointRefused
 from worker.fingerprint import DEFAULT_ALGORITHM, StateFingerprint, fingerprint_arrays, read_state
 from worker.npz_reader import Member, inspect_npz, iter_arrays
@@ -52,14 +53,6 @@ class Checkpoint:
         return "epoch" if self.batch is None else "step"
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Syncer:
     """Makes written checkpoints durable on a thread of its own.
 
@@ -83,9 +76,9 @@ class Syncer:
     @staticmethod
     def _sync(paths: tuple[Path, ...]) -> None:
         for path in paths:
-            _fsync(path)
+            fsync_path(path)
         for directory in dict.fromkeys(path.parent for path in paths):
-            _fsync(directory)
+            fsync_path(directory)
 
     def close(self) -> None:
         """Wait until everything written is on disk."""

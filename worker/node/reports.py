@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from worker.durable import fsync_path
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
 
 log = logging.getLogger("reprotrain.agent")
@@ -59,15 +60,6 @@ class Report:
             client.release(self.run_id, self.worker_id, str(self.body["reason"]))
 
 
-def _fsync_dir(directory: Path) -> None:
-    # The rename or unlink is durable only once the directory entry is on disk too.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Outbox:
     """Reports not yet taken by the API, one file per run: `run-<id>.json`."""
 
@@ -100,7 +92,7 @@ class Outbox:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         return path
 
     def remove(self, report: Report) -> None:
@@ -109,7 +101,7 @@ class Outbox:
         shutil.rmtree(self.files_dir(report.run_id), ignore_errors=True)
         if path.exists():
             path.unlink(missing_ok=True)
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
 
     def pending(self) -> list[Report]:
         """The stored reports, oldest first; an unreadable file is set aside and logged."""
