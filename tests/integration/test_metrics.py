@@ -25,12 +25,9 @@ SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 Clients = dict[str, httpx.AsyncClient]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    url = "" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    settings = Settings(data_dir=tmp_path / "data", database_url=url)
-    upgrade(settings.resolved_database_url)
-    return settings
+@pytest.fixture
+def settings(migrated_settings: Settings) -> Settings:
+    return migrated_settings
 
 
 def scenario(settings: Settings, body: Callable[[Any, Clients], Awaitable[None]]) -> None:

@@ -5,7 +5,6 @@ The app runs in-process so the test can take every thread-pool slot first."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import anyio.to_thread
 import httpx
@@ -14,18 +13,14 @@ import pytest
 from service.app import create_app
 from service.auth import create_token
 from service.config import Settings
-from service.migrate import upgrade
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    url = "" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    settings = Settings(data_dir=tmp_path / "data", database_url=url)
-    upgrade(settings.resolved_database_url)
-    return settings
+@pytest.fixture
+def settings(migrated_settings: Settings) -> Settings:
+    return migrated_settings
 
 
 def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Settings) -> None:
