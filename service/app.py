@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from service import artifacts
 from service.api import reads
 from service.api.body_limits import BodyLimits
 from service.api.docs import install_docs
@@ -36,6 +37,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pool_timeout=settings.db_pool_timeout_seconds,
     )
     app.state.settings = settings
+    artifacts.sweep_partial_uploads(
+        [settings.resolved_artifacts_dir, settings.resolved_datasets_dir]
+    )
     app.state.engine = engine
     app.state.queue_bell, app.state.runs_bell = app_bells()
     app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))

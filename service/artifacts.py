@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 from sqlalchemy import select
@@ -18,6 +20,11 @@ from service.models import Artifact, Run
 # The API documents and validates both; check_upload holds for any other caller.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"  # a plain file name, never a path
 SHA256_HEX = r"^[0-9a-fA-F]{64}$"
+# An upload in progress writes its `.part` file as the bytes arrive (and a stalled one is
+# cut off by the body timeout), so one untouched this long belongs to a server that stopped.
+PARTIAL_UPLOAD_MAX_AGE_SECONDS = 3600.0
+
+log = logging.getLogger(__name__)
 
 
 def check_upload(name: str, declared_sha256: str | None) -> str:
@@ -118,3 +125,27 @@ def local_path(art: Artifact) -> Path:
     from urllib.parse import unquote, urlparse
 
     return Path(unquote(urlparse(art.storage_url).path))
+
+
+def sweep_partial_uploads(
+    directories: Iterable[Path], *, older_than: float = PARTIAL_UPLOAD_MAX_AGE_SECONDS
+) -> int:
+    """Remove the half-written uploads (`.*.part`) a stopped server left in `directories`,
+    those untouched for `older_than` seconds; returns how many went."""
+    cutoff = time.time() - older_than
+    removed = 0
+    for directory in directories:
+        try:
+            candidates = list(directory.glob(".*.part"))
+        except OSError:
+            continue
+        for path in candidates:
+            try:
+                if path.is_file() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+            except OSError:  # gone meanwhile, or not ours to remove: leave it
+                continue
+    if removed:
+        log.info("removed %d half-written upload(s) left by a stopped server", removed)
+    return removed
