@@ -46,9 +46,8 @@ assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
 
 
 def _json(model: BaseModel) -> Response:
-    # Returned as a Response, the model is serialized once, here in the route's thread:
-    # FastAPI would otherwise validate it again against `response_model` (in one more
-    # thread-pool round trip) before serializing it.
+    # Returned as a Response, the model is serialized once, here: FastAPI would otherwise
+    # validate it again against `response_model` before serializing it.
     return Response(model.model_dump_json(), media_type="application/json")
 
 
