@@ -79,9 +79,9 @@ def fit_child(spec_path: Path, mode: str, out: Path) -> None:
     import tensorflow as tf
 
     from worker import registry
+    from worker.job import Job
     from worker.seeds import resolve_seed
     from worker.spec import load_spec
-    from worker.training import Job
 
     spec = load_spec(spec_path)
     deterministic = mode != "fit_nondeterministic"

@@ -18,8 +18,8 @@ from worker.fingerprint import (
     training_state,
     variable_digest,
 )
+from worker.job import Job
 from worker.spec import parse_spec
-from worker.training import Job
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool"])
