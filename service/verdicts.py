@@ -51,6 +51,26 @@ def family_references(db: Session, families: set[int]) -> dict[int, int]:
     return {family: first for family, first in found if first is not None}
 
 
+@cache
+def _unfinished_query() -> Select[int | None, Any]:
+    # As _references_query: the families' rows by the family index, one row per family.
+    unfinished = func.min(case((Run.status.in_(("queued", "running")), Run.id)))
+    return (
+        select(Run.family_id, unfinished)
+        .where(Run.family_id.in_(bindparam("families", expanding=True)))
+        .group_by(Run.family_id)
+    )
+
+
+def family_unfinished(db: Session, families: set[int]) -> dict[int, int]:
+    """The oldest queued or running run of each of these families that has one, by family
+    id: until it finishes, the family's reference and verdicts may change."""
+    if not families:
+        return {}
+    found = db.execute(_unfinished_query(), {"families": sorted(families)})
+    return {family: oldest for family, oldest in found if oldest is not None}
+
+
 def update_family(*, db: Session, family_id: int, max_checkpoint_bytes: int | None = None) -> None:
     """Give a verdict to every successful run of the family against its reference.
 

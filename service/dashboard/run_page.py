@@ -84,7 +84,7 @@ def run_page(request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep
 def run_live(
     request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep, n: PollCount = 0
 ) -> HTMLResponse:
-    """The live part of the run page; polling stops once the run has finished."""
+    """The live part of the run page; polling stops once the run and its badge are final."""
     return render(
         request, "run_live.html", viewer, live_refresh=True, n=n + 1, **live_context(db, run_id)
     )

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.experiments import reported_image
 from service.models import Experiment, Run, Verdict, Worker
-from service.verdicts import family_references
+from service.verdicts import family_references, family_unfinished
 
 VERDICT_FILTERS = ("identical", "diverged", "incomparable", "reference", "pending")
 
@@ -56,10 +56,13 @@ class RunRow:
     badge: Badge
     image: str | None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Finished, but an older run of its family is not: its badge changes when that one ends
+    # (a rerun that finished first shows as the reference until then).
+    settling: bool = False
 
     @property
     def live(self) -> bool:
-        return self.run.status in ("queued", "running")
+        return self.run.status in ("queued", "running") or self.settling
 
 
 def _prefix(value: str, algorithm: str) -> str:
@@ -218,6 +221,8 @@ def rows_of(db: Session, pairs: Sequence[tuple[Run, Experiment]]) -> list[RunRow
         else {}
     )
     references = references_of(db, runs)
+    families = {f for f in map(_settling_family, runs) if f is not None}
+    unfinished = family_unfinished(db, families)
     return [
         RunRow(
             run=run,
@@ -225,9 +230,23 @@ def rows_of(db: Session, pairs: Sequence[tuple[Run, Experiment]]) -> list[RunRow
             worker=workers.get(run.worker_id) if run.worker_id is not None else None,
             badge=badge(run, verdicts.get(run.id), run.id in references),
             image=image_of(run),
+            settling=_settling(run, unfinished),
         )
         for run, experiment in pairs
     ]
+
+
+def _settling(run: Run, unfinished: dict[int, int]) -> bool:
+    """Whether an older run of its family, not yet finished, may still change its badge."""
+    family = _settling_family(run)
+    return family is not None and unfinished.get(family, run.id) < run.id
+
+
+def _settling_family(run: Run) -> int | None:
+    """The family of a finished training whose verdict an older member may still decide."""
+    if run.status != "succeeded" or run.kind != "train" or run.family_id == run.id:
+        return None
+    return run.family_id
 
 
 def export_record(row: RunRow) -> dict[str, Any]:

@@ -119,7 +119,9 @@ def live_rows(
     ids: Annotated[str, Query(max_length=2400)] = "",
     n: PollCount = 0,
 ) -> HTMLResponse:
-    """The rows of the page's unfinished runs, swapped in place; polling stops once none is."""
+    """The rows of the page that may still change (unfinished runs, and finished ones whose
+    verdict an older run of their family still decides), swapped in place; polling stops
+    once none may."""
     rows = run_rows.by_ids(db, _ids(ids))
     still = ",".join(str(r.run.id) for r in rows if r.live)
     return render(

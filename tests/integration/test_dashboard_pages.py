@@ -21,7 +21,7 @@ from service.config import Settings
 from service.dashboard import issue_login_url
 from service.dashboard.session import SECRET_FILE
 from service.migrate import upgrade
-from service.models import Run
+from service.models import Run, Worker
 from tests.integration import dashboard_world
 from tests.integration.asgi_browser import AsgiBrowser
 from tests.integration.dashboard_world import DIVERGENT, HOSTILE, HOSTILE_ENV, HOSTILE_ERROR, World
@@ -150,6 +150,26 @@ def test_runs_page_shows_every_verdict_badge_and_running_rows_poll(
     assert "hx-trigger" not in late.split("<template>")[0] and "Live updates paused" in late
     late_run = browser.get(f"/runs/{world.running}/live?n=900").text
     assert "hx-trigger" not in late_run and "Live updates paused" in late_run
+
+
+def test_a_copy_that_finished_first_stays_live_until_the_older_one_decides_its_verdict(
+    world: World, browser: AsgiBrowser, app: Any
+) -> None:
+    logged_in(browser, world.admin_token)
+    first, second = world.audit, world.audit + 1  # an audit's two copies, one family
+    with app.state.sessionmaker() as db:
+        worker = db.scalars(select(Worker).where(Worker.name == world.worker)).one()
+        dashboard_world.finish(db, db.get_one(Run, second), worker)
+    # The newer copy finished first: the reference for now, and still polled.
+    row = browser.get(f"/runs/live?ids={second}").text
+    assert 'class="badge reference"' in row and f"ids={second}" in row
+    assert str(second) in re.search(r'hx-get="/runs/live\?ids=([0-9,]+)"', browser.get("/").text)[1]
+    with app.state.sessionmaker() as db:
+        worker = db.scalars(select(Worker).where(Worker.name == world.worker)).one()
+        dashboard_world.finish(db, db.get_one(Run, first), worker, diverge_at=2)
+    # The older one decided it: diverged against it, and polling stops.
+    row = browser.get(f"/runs/live?ids={second}").text
+    assert "diverged at e2/s8" in row and "hx-trigger" not in row
 
 
 def test_run_and_compare_pages_show_seed_fingerprint_marks_and_divergence(
