@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from service import artifacts
-from service.api import reads
 from service.api.body_limits import BodyLimits
 from service.api.docs import install_docs
 from service.api.main import api_router, install_error_handlers
@@ -43,7 +42,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.queue_bell, app.state.runs_bell = app_bells()
     app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))
-    reads.configure(app)
     app.state.auth_failures = FailureLimiter(
         settings.auth_failures_allowed, settings.auth_failure_window_seconds
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -28,47 +29,42 @@ def trace_of(db: Session, run_id: int) -> list[dict[str, Any]]:
     return [dict(row) for row in db.execute(_trace_query(), {"run_id": run_id}).mappings()]
 
 
+@dataclass(frozen=True)
+class FamilyHead:
+    """What decides a family's verdicts: its reference (first successful training) and its
+    oldest run still queued or running, until which the reference and verdicts may change."""
+
+    reference: int | None
+    oldest_unfinished: int | None
+
+
 @cache
-def _references_query() -> Select[int | None, Any]:
+def _heads_query() -> Select[int | None, Any, Any]:
     # Built once; the families are bound (an expanding IN list). Filtering on status and
     # kind in WHERE let SQLite pick the (kind, status) index and read every successful run
     # of the table; inside MIN it reads the families' rows by the family index, and
     # answers one row per family.
     first_ok = func.min(case((and_(Run.status == "succeeded", Run.kind == "train"), Run.id)))
+    unfinished = func.min(case((Run.status.in_(("queued", "running")), Run.id)))
     return (
-        select(Run.family_id, first_ok)
+        select(Run.family_id, first_ok, unfinished)
         .where(Run.family_id.in_(bindparam("families", expanding=True)))
         .group_by(Run.family_id)
     )
+
+
+def family_heads(db: Session, families: set[int]) -> dict[int, FamilyHead]:
+    """The head of each of these families that has members, by family id, in one query."""
+    if not families:
+        return {}
+    found = db.execute(_heads_query(), {"families": sorted(families)})
+    return {family: FamilyHead(first, unfinished) for family, first, unfinished in found}
 
 
 def family_references(db: Session, families: set[int]) -> dict[int, int]:
-    """The reference run (first successful training) of each of these families that has
-    one, by family id."""
-    if not families:
-        return {}
-    found = db.execute(_references_query(), {"families": sorted(families)})
-    return {family: first for family, first in found if first is not None}
-
-
-@cache
-def _unfinished_query() -> Select[int | None, Any]:
-    # As _references_query: the families' rows by the family index, one row per family.
-    unfinished = func.min(case((Run.status.in_(("queued", "running")), Run.id)))
-    return (
-        select(Run.family_id, unfinished)
-        .where(Run.family_id.in_(bindparam("families", expanding=True)))
-        .group_by(Run.family_id)
-    )
-
-
-def family_unfinished(db: Session, families: set[int]) -> dict[int, int]:
-    """The oldest queued or running run of each of these families that has one, by family
-    id: until it finishes, the family's reference and verdicts may change."""
-    if not families:
-        return {}
-    found = db.execute(_unfinished_query(), {"families": sorted(families)})
-    return {family: oldest for family, oldest in found if oldest is not None}
+    """The reference run of each of these families that has one, by family id."""
+    heads = family_heads(db, families)
+    return {f: h.reference for f, h in heads.items() if h.reference is not None}
 
 
 def update_family(*, db: Session, family_id: int, max_checkpoint_bytes: int | None = None) -> None:

@@ -13,11 +13,11 @@ import json
 import os
 import re
 import zipfile  # noqa: F401  np.savez imports it on first use: 5 ms, better spent at start-up
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -60,8 +60,8 @@ class Syncer:
     killed, once its JSON is renamed into place; the fsyncs only guard against the
     machine itself going down, so training need not wait for them. `close()` waits for
     all of them and raises CheckpointError if one failed. Should the machine go down
-    before a sync, the checkpoint's npz no longer matches the digest in its JSON, and it
-    is skipped in favour of an older one.
+    before a sync, the npz on disk may no longer match the digest in its JSON (or the JSON
+    may be missing); such a checkpoint is skipped in favour of an older one.
     """
 
     def __init__(self) -> None:
@@ -97,7 +97,7 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write(path: Path, write: Any, syncer: Syncer | None) -> None:
+def _write(path: Path, write: Callable[[BinaryIO], object], syncer: Syncer | None) -> None:
     """Write a file under a temporary name and rename it; synced now unless `syncer` is given."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as fh:
@@ -128,8 +128,6 @@ def save_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"epoch-{epoch:06d}" if batch is None else step_stem(step)
     values = list(arrays) if arrays is not None else read_state(state)
-    if len(values) != len(state):
-        raise ValueError(f"{len(values)} arrays for {len(state)} variables")
     manifest = [
         {"path": path, "dtype": value.dtype.name, "shape": list(value.shape)}
         for (path, _), value in zip(state, values, strict=True)

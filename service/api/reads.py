@@ -16,19 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 T = TypeVar("T")
 
 
-def configure(app: FastAPI) -> None:
-    """Decide once, from the app's engine, where its reads run."""
-    app.state.reads_on_loop = app.state.engine.dialect.name == "sqlite"
-
-
 async def read(request: Request, work: Callable[[], T]) -> T:
     """`work()`'s result: called right here with SQLite, else in the thread pool."""
-    if request.app.state.reads_on_loop:
+    if request.app.state.engine.dialect.name == "sqlite":
         return work()
     return await run_in_threadpool(work)

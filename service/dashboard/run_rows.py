@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.experiments import reported_image
 from service.models import Experiment, Run, Verdict, Worker
-from service.verdicts import family_references, family_unfinished
+from service.verdicts import FamilyHead, family_heads
 
 VERDICT_FILTERS = ("identical", "diverged", "incomparable", "reference", "pending")
 
@@ -182,8 +182,15 @@ def by_ids(db: Session, ids: Sequence[int]) -> list[RunRow]:
 
 def references_of(db: Session, runs: Sequence[Run]) -> set[int]:
     """Which of these runs are their family's reference (its first successful training)."""
-    families = {r.family_id for r in runs if r.status == "succeeded" and r.kind == "train"}
-    return set(family_references(db, {f for f in families if f is not None}).values())
+    return _references(family_heads(db, _families(runs)))
+
+
+def _families(runs: Sequence[Run]) -> set[int]:
+    return {r.family_id for r in runs if r.family_id is not None}
+
+
+def _references(heads: dict[int, FamilyHead]) -> set[int]:
+    return {h.reference for h in heads.values() if h.reference is not None}
 
 
 def badge(run: Run, verdict: Verdict | None, is_reference: bool) -> Badge:
@@ -220,9 +227,8 @@ def rows_of(db: Session, pairs: Sequence[tuple[Run, Experiment]]) -> list[RunRow
         if worker_ids
         else {}
     )
-    references = references_of(db, runs)
-    families = {f for f in map(_settling_family, runs) if f is not None}
-    unfinished = family_unfinished(db, families)
+    heads = family_heads(db, _families(runs))  # references and settling rows, one query
+    references = _references(heads)
     return [
         RunRow(
             run=run,
@@ -230,23 +236,20 @@ def rows_of(db: Session, pairs: Sequence[tuple[Run, Experiment]]) -> list[RunRow
             worker=workers.get(run.worker_id) if run.worker_id is not None else None,
             badge=badge(run, verdicts.get(run.id), run.id in references),
             image=image_of(run),
-            settling=_settling(run, unfinished),
+            settling=_settling(run, heads),
         )
         for run, experiment in pairs
     ]
 
 
-def _settling(run: Run, unfinished: dict[int, int]) -> bool:
-    """Whether an older run of its family, not yet finished, may still change its badge."""
-    family = _settling_family(run)
-    return family is not None and unfinished.get(family, run.id) < run.id
-
-
-def _settling_family(run: Run) -> int | None:
-    """The family of a finished training whose verdict an older member may still decide."""
-    if run.status != "succeeded" or run.kind != "train" or run.family_id == run.id:
-        return None
-    return run.family_id
+def _settling(run: Run, heads: dict[int, FamilyHead]) -> bool:
+    """Whether an older run of its family, not yet finished, may still change its badge:
+    a finished training that is not its family's first run."""
+    family = run.family_id
+    if family is None or family == run.id or run.status != "succeeded" or run.kind != "train":
+        return False
+    oldest = heads[family].oldest_unfinished if family in heads else None
+    return oldest is not None and oldest < run.id
 
 
 def export_record(row: RunRow) -> dict[str, Any]:

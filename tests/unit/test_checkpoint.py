@@ -105,7 +105,7 @@ def test_no_temporary_files_are_left(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000001.json", "epoch-000001.npz"]
 
 
-def test_a_checkpoint_synced_in_the_background_is_complete_before_its_sync(tmp_path: Path) -> None:
+def test_a_checkpoint_synced_in_the_background_is_whole_when_saving_returns(tmp_path: Path) -> None:
     syncer = Syncer()
     json_path = save_checkpoint(
         tmp_path,
@@ -115,7 +115,7 @@ def test_a_checkpoint_synced_in_the_background_is_complete_before_its_sync(tmp_p
         meta={"spec_hash": "sha256:s", "fingerprint": "fp1"},
         syncer=syncer,
     )
-    ckpt = load_checkpoint(json_path)  # readable at once, before the fsyncs are waited for
+    ckpt = load_checkpoint(json_path)  # readable at once, with its fsyncs not waited for
     assert [a.tobytes() for a in ckpt.arrays] == [v.value.tobytes() for _, v in _state(1.0)]
     syncer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000001.json", "epoch-000001.npz"]
