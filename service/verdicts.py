@@ -39,15 +39,20 @@ class FamilyHead:
 
 
 @cache
-def _heads_query() -> Select[int | None, Any, Any]:
-    # Built once; the families are bound (an expanding IN list). Filtering on status and
-    # kind in WHERE let SQLite pick the (kind, status) index and read every successful run
-    # of the table; inside MIN it reads the families' rows by the family index, and
-    # answers one row per family.
-    first_ok = func.min(case((and_(Run.status == "succeeded", Run.kind == "train"), Run.id)))
-    unfinished = func.min(case((Run.status.in_(("queued", "running")), Run.id)))
+def _heads_query(unfinished: bool) -> Select[Any]:
+    # Built once per shape; the families are bound (an expanding IN list). Filtering on
+    # status and kind in WHERE let SQLite pick the (kind, status) index and read every
+    # successful run of the table; inside MIN it reads the families' rows by the family
+    # index, and answers one row per family. The API's reads ask for the reference only
+    # (the second column cost a page of runs 0.05-0.1 ms).
+    columns = [
+        Run.family_id,
+        func.min(case((and_(Run.status == "succeeded", Run.kind == "train"), Run.id))),
+    ]
+    if unfinished:
+        columns.append(func.min(case((Run.status.in_(("queued", "running")), Run.id))))
     return (
-        select(Run.family_id, first_ok, unfinished)
+        select(*columns)
         .where(Run.family_id.in_(bindparam("families", expanding=True)))
         .group_by(Run.family_id)
     )
@@ -57,14 +62,16 @@ def family_heads(db: Session, families: set[int]) -> dict[int, FamilyHead]:
     """The head of each of these families that has members, by family id, in one query."""
     if not families:
         return {}
-    found = db.execute(_heads_query(), {"families": sorted(families)})
-    return {family: FamilyHead(first, unfinished) for family, first, unfinished in found}
+    found = db.execute(_heads_query(True), {"families": sorted(families)})
+    return {family: FamilyHead(first, oldest) for family, first, oldest in found}
 
 
 def family_references(db: Session, families: set[int]) -> dict[int, int]:
     """The reference run of each of these families that has one, by family id."""
-    heads = family_heads(db, families)
-    return {f: h.reference for f, h in heads.items() if h.reference is not None}
+    if not families:
+        return {}
+    found = db.execute(_heads_query(False), {"families": sorted(families)})
+    return {family: first for family, first in found if first is not None}
 
 
 def update_family(*, db: Session, family_id: int, max_checkpoint_bytes: int | None = None) -> None:
