@@ -46,6 +46,31 @@ def test_a_snapshot_does_not_follow_later_updates() -> None:
     assert fingerprint_state(state) != before
 
 
+@pytest.mark.parametrize("pool_min_bytes", [None, 0])
+def test_later_fingerprints_of_a_training_state_read_the_values_then(
+    pool_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From its second fingerprint on, a TrainingState is read lane by lane beside hashing:
+    each fingerprint must still be that of the values at the time of the call."""
+    if pool_min_bytes is not None:
+        monkeypatch.setattr(fingerprint, "_POOL_MIN_BYTES", pool_min_bytes)
+    inputs = keras.Input((64,))
+    model = keras.Model(inputs, keras.layers.Dense(300, name="d")(inputs))
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(model.trainable_variables)
+    state = training_state(model, optimizer)
+    seen = set()
+    for step in range(4):
+        copies = [(p, np.array(v.numpy())) for p, v in state]
+        got = fingerprint_state(state)
+        assert got == fingerprint_arrays(copies)
+        seen.add(got.fingerprint)
+        for _, variable in state:
+            if variable.dtype == "float32" and len(variable.shape) == 2:
+                variable.assign_add(np.full(variable.shape, step + 1, np.float32))
+    assert len(seen) == 4
+
+
 # One small spec per built-in architecture, with a generator whose samples it takes.
 _TOKENS = {"generator": "token_sequences", "params": {"vocab_size": 16, "seq_len": 8}}
 ARCHITECTURE_SPECS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -95,17 +120,17 @@ def test_every_builtin_architecture_has_a_spec_here() -> None:
 
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURE_SPECS))
-@pytest.mark.parametrize("chunk_bytes", [None, 1])
+@pytest.mark.parametrize("pool_min_bytes", [None, 0])
 def test_fast_reads_and_threaded_hashing_equal_the_reference_digests(
-    architecture: str, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+    architecture: str, pool_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """fingerprint_state equals digests of `.numpy()` copies hashed one by one, in order.
 
-    `chunk_bytes=1` hands every small variable to the hash threads on its own, the most
-    interleaving the threads can see; None keeps the default chunks.
+    `pool_min_bytes=0` hands even these small models' variables to the hash threads, in
+    lanes; None keeps the default, which hashes them on the calling thread.
     """
-    if chunk_bytes is not None:
-        monkeypatch.setattr(fingerprint, "_CHUNK_BYTES", chunk_bytes)
+    if pool_min_bytes is not None:
+        monkeypatch.setattr(fingerprint, "_POOL_MIN_BYTES", pool_min_bytes)
     job = _trained_job(architecture)
     copies = [(path, np.array(v.numpy())) for path, v in job.state]
     digests = {path: variable_digest(path, array) for path, array in copies}
