@@ -135,6 +135,9 @@ def test_half_the_epochs_then_resume_is_identical(
 
 
 def test_the_exported_model_holds_the_final_weights(full_run: Finished, workdir: Path) -> None:
+    # Layer and seed-generator names are numbered per process, like the job's fresh one:
+    # without this, earlier tests in this process name a loaded seed generator `..._2`.
+    keras.backend.clear_session()
     model = keras.saving.load_model(workdir / "full" / "model.keras")
     exported = fingerprint_state(training_state(model)).variables
     final = full_run.result.trace[-1].variables
