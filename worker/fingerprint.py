@@ -28,6 +28,8 @@ DEFAULT_ALGORITHM = "blake3"
 ALGORITHMS = ("blake3", "sha256")
 # Below this many bytes a thread pool costs more than it saves.
 _THREADED_HASH_BYTES = 1 << 22
+# A variable's read takes about as long as hashing this many bytes (12 us from a cold start).
+_READ_COST_BYTES = 1 << 16
 # Below this many bytes of small arrays in all, waking a hash thread costs more than it saves.
 _POOL_MIN_BYTES = 1 << 17
 _MAX_HASH_THREADS = 8
@@ -153,8 +155,12 @@ class _Plan:
     large: list[int]
 
 
-def _make_plan(sizes: Sequence[int]) -> _Plan:
-    """Arrays under 4 MiB in `workers + 1` lanes of about equal bytes (largest first)."""
+def _make_plan(sizes: Sequence[int], read_cost: int = 0) -> _Plan:
+    """Arrays under 4 MiB in `workers + 1` lanes of about equal work (largest first).
+
+    `read_cost`: what reading an array costs the calling thread, in bytes hashed in the same
+    time, when it reads its own lane while the hash threads hash theirs (`fingerprint_state`).
+    """
     pool = _hash_pool()
     workers = pool[1] if pool is not None else 0
     small = [i for i, size in enumerate(sizes) if size < _THREADED_HASH_BYTES]
@@ -162,11 +168,13 @@ def _make_plan(sizes: Sequence[int]) -> _Plan:
     if workers < 1 or sum(sizes[i] for i in small) < _POOL_MIN_BYTES:
         return _Plan(workers, [small], large)
     lanes: list[list[int]] = [[] for _ in range(workers + 1)]
-    loads = [0] * len(lanes)
+    loads = [0] * len(lanes)  # in bytes hashed meanwhile
     for i in sorted(small, key=sizes.__getitem__, reverse=True):
         k = loads.index(min(loads))
         lanes[k].append(i)
         loads[k] += sizes[i] + 64  # a hash call costs about as much as 64 more bytes
+        if k == 0:
+            loads[k] += read_cost
     return _Plan(workers, lanes, large)
 
 
@@ -365,7 +373,7 @@ def read_state(state: Sequence[tuple[str, _Variable]]) -> list[np.ndarray]:
             d[1] if d is not None else _read_variable(v, reader)
             for d, (_, v) in zip(found, state, strict=True)
         ]
-        state._plan = _make_plan([a.nbytes for a in arrays])
+        state._plan = _make_plan([a.nbytes for a in arrays], _READ_COST_BYTES)
         return arrays
     return [
         np.asarray(reader(resource=h[0], dtype=h[1]))
