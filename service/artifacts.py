@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
@@ -66,9 +66,10 @@ async def receive(
     declared_sha256: str,
     max_bytes: int,
 ) -> tuple[Path, int]:
-    """Store the stream content-addressed under `directory` if its digest matches.
+    """Stage the stream in a temporary file under `directory` if its digest matches.
 
-    Returns (path, size). Nothing is left behind when the digest or size check fails.
+    Returns (staged file, size); `record` moves the file into place, and the caller removes
+    it if anything fails before. Nothing is left behind when the digest or size check fails.
     """
     private_dir(directory)  # artifacts are owner-only: 0600 files in 0700 directories
     tmp = directory / f".{name}.{os.getpid()}.{id(chunks)}.part"
@@ -78,12 +79,27 @@ async def receive(
             raise DigestMismatch(
                 f"received {size} bytes with SHA-256 {actual}, not {declared_sha256}"
             )
-        final = directory / declared_sha256[:2] / declared_sha256
-        private_dir(final.parent)
-        os.replace(tmp, final)
-        return final, size
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+    return tmp, size
+
+
+def lock_digests(db: Session, digests: Iterable[str]) -> None:
+    """Hold the stored files of these digests until the transaction ends.
+
+    Files are content-addressed and shared: a prune must not remove a file between its
+    check that no artifact names the digest and the unlink, while an upload of the same
+    bytes puts the file back and records its artifact. Both hold the digest meanwhile. On
+    PostgreSQL that is a transaction-level advisory lock per digest (in a fixed order, so
+    two holders never wait for each other). SQLite has one writer at a time, and both
+    callers have written in this transaction before they call this, so they already hold
+    the database's write lock until their commit.
+    """
+    if db.get_bind().dialect.name != "postgresql":
+        return
+    for digest in sorted(set(digests)):
+        db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": int(digest[:15], 16)})
 
 
 def record(
@@ -95,9 +111,12 @@ def record(
     epoch: int | None,
     sha256: str,
     size: int,
-    path: Path,
+    staged: Path,
+    directory: Path,
 ) -> Artifact:
-    """Create or replace the artifact row for (run, kind, name)."""
+    """Move a staged upload into place and create or replace the artifact row for
+    (run, kind, name), holding the digest (`lock_digests`) from before the move until the
+    row is committed."""
     art = db.scalar(
         select(Artifact).where(
             Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name == name
@@ -106,8 +125,13 @@ def record(
     if art is None:
         art = Artifact(run_id=run.id, kind=kind, name=name)
         db.add(art)
+    final = directory / sha256[:2] / sha256
     art.epoch, art.sha256, art.size = epoch, sha256, size
-    art.storage_url, art.attempt = path.resolve().as_uri(), run.attempt
+    art.storage_url, art.attempt = final.resolve().as_uri(), run.attempt
+    db.flush()  # the row is written first: on SQLite this takes the write lock
+    lock_digests(db, [sha256])
+    private_dir(final.parent)
+    os.replace(staged, final)
     db.commit()
     return art
 

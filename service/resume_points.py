@@ -157,10 +157,15 @@ def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -
     files = {art.sha256: artifacts.local_path(art) for art in stale}
     for art in stale:
         db.delete(art)
-    db.flush()
+    db.flush()  # written first: on SQLite this takes the write lock (see lock_digests)
+    # Held from the check to the unlink, so an upload of the same bytes either committed
+    # its artifact before the check or puts the file back after the unlink.
+    artifacts.lock_digests(db, files)
     shared = set(db.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(files))))
-    db.commit()
     for digest, path in files.items():
         if digest not in shared:
             path.unlink(missing_ok=True)
+    # Should this commit fail, the rows of superseded checkpoints stay without their files;
+    # resumes take the newest checkpoint, which is never pruned while the run goes on.
+    db.commit()
     return len(stale_stems)

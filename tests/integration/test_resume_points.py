@@ -7,6 +7,7 @@ files on disk as the upload route stores them (content-addressed).
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import resume_points
+from service import artifacts, resume_points
 from service.db import make_engine, make_sessionmaker
 from service.migrate import upgrade
 from service.models import Artifact, Experiment, Run
@@ -130,3 +131,49 @@ def test_superseded_step_checkpoints_are_deleted_but_shared_files_stay(
     names = set(db.scalars(select(Artifact.name).where(Artifact.run_id == run.id)))
     assert names == {"epoch-000001.npz", "epoch-000001.json"}  # epoch checkpoints stay
     assert epoch.exists() and newer.exists()  # still the other run's artifact
+
+
+def test_an_upload_of_the_same_bytes_while_a_prune_removes_them_keeps_its_file(
+    db: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files are content-addressed: a prune that found no other artifact of a digest is
+    about to unlink its file when another run uploads the same bytes. The upload must
+    either wait for the prune and put the file back, or be seen by it: its file exists."""
+    run, other = _run(db), _run(db)
+    old = _checkpoint(db, tmp_path, run, "step-000000004", None)
+    _checkpoint(db, tmp_path, run, "step-000000008", None)
+    body = old.read_bytes()
+    staged = tmp_path / ".upload.part"
+    staged.write_bytes(body)
+    engine = db.get_bind()
+
+    def upload() -> None:
+        with Session(engine) as second:
+            artifacts.record(
+                db=second,
+                run=second.get(Run, other.id),
+                kind="checkpoint",
+                name="same-bytes.npz",
+                epoch=None,
+                sha256=hashlib.sha256(body).hexdigest(),
+                size=len(body),
+                staged=staged,
+                directory=tmp_path,
+            )
+
+    uploader = threading.Thread(target=upload)
+    unlink = Path.unlink
+
+    def unlink_after_the_upload(path: Path, missing_ok: bool = False) -> None:
+        if path == old and not uploader.is_alive() and staged.exists():
+            uploader.start()
+            uploader.join(timeout=2)  # done unless it waits for this prune
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink_after_the_upload)
+    assert resume_points.prune_step_checkpoints(db, run) == 1
+    uploader.join(timeout=30)
+    assert not uploader.is_alive() and not staged.exists()
+    assert old.read_bytes() == body
+    names = set(db.scalars(select(Artifact.name).where(Artifact.run_id == other.id)))
+    assert names == {"same-bytes.npz"}

@@ -300,17 +300,29 @@ async def upload_artifact(
     queue.check_worker(db, worker_id, principal)
     run = queue.held_run(db, run_id, worker_id)
     db.commit()  # release the row lock before a long upload
-    path, size = await artifacts.receive(
+    directory = settings.resolved_artifacts_dir
+    staged, size = await artifacts.receive(
         request.stream(),
-        directory=settings.resolved_artifacts_dir,
+        directory=directory,
         name=name,
         declared_sha256=digest,
         max_bytes=settings.max_artifact_bytes,
     )
-    run = queue.held_run(db, run_id, worker_id)
-    art = artifacts.record(
-        db=db, run=run, kind=kind, name=name, epoch=epoch, sha256=digest, size=size, path=path
-    )
+    try:
+        run = queue.held_run(db, run_id, worker_id)
+        art = artifacts.record(
+            db=db,
+            run=run,
+            kind=kind,
+            name=name,
+            epoch=epoch,
+            sha256=digest,
+            size=size,
+            staged=staged,
+            directory=directory,
+        )
+    finally:
+        staged.unlink(missing_ok=True)  # moved into place, or refused
     out = ArtifactOut.model_validate(art)
     if kind == "checkpoint":
         resume_points.prune_step_checkpoints(db, run)  # superseded: resumes use the newest
