@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.integration.jobs import Finished, job_env, run_job, write_spec
 from tests.integration.killable import KILL_VARIABLE, make_kill_plugin_site, replica_spec
+from worker.dataset_format import file_digest
 from worker.progress import parse_line
 from worker.result import JobResult
 from worker.trace import compare_traces
@@ -155,3 +157,63 @@ def test_more_replicas_than_devices_fails_naming_the_count(
     assert done.returncode == 1 and done.result.status == "failed"
     assert done.result.error is not None and done.result.error.type == "DeviceError"
     assert "replicas is 4" in done.result.error.message
+
+
+def _arrays_spec(digest: str, replicas: int) -> dict[str, Any]:
+    """Stored uint8 images, cast to float32 and augmented in the input pipeline."""
+    return {
+        "name": "arrays-replicas",
+        "seed": 3,
+        "dataset": {
+            "generator": "arrays",
+            "data": digest,
+            "params": {
+                "eval_fraction": 0.25,
+                "scale": 1 / 255,
+                "crop_padding": 1,
+                "flip_left_right": True,
+            },
+            "batch_size": 32,
+            "train_batches": 6,
+            "eval_batches": 2,
+        },
+        "model": {"architecture": "small_cnn", "params": {"filters": [4, 8], "dense": 8}},
+        "training": {
+            "epochs": 2,
+            "optimizer": {"name": "adam", "params": {"learning_rate": 0.01}},
+            "loss": {"name": "sparse_categorical_crossentropy", "params": {"from_logits": True}},
+            "fingerprint_every_steps": 3,
+        },
+        "distribution": {"replicas": replicas},
+    }
+
+
+def test_stored_images_give_the_same_data_on_one_and_two_replicas(tmp_path: Path) -> None:
+    """The `arrays` generator casts stored uint8 images to float32 before a batch is split:
+    each of two replicas takes its rows of the same global batch, so the data fingerprints
+    equal one replica's, and two runs on two replicas are bitwise identical."""
+    rng = np.random.default_rng(5)
+    path = tmp_path / "images.npz"
+    np.savez(
+        path,
+        x=rng.integers(0, 256, (256, 8, 8, 1), dtype=np.uint8),
+        y=rng.integers(0, 4, 256, dtype=np.int64),
+    )
+    runs = {
+        name: run_job(
+            _arrays_spec(file_digest(path), replicas),
+            tmp_path / name,
+            "--dataset-file",
+            str(path),
+        )
+        for name, replicas in (("one", 1), ("two", 2), ("two-again", 2))
+    }
+    for done in runs.values():
+        assert done.returncode == 0, done.result.error
+    one, two, again = (runs[n].result for n in ("one", "two", "two-again"))
+    assert two.determinism["distribution"]["replicas"] == 2
+    assert one.data_fingerprints == two.data_fingerprints
+    assert one.eval_data_fingerprint == two.eval_data_fingerprint
+    assert one.trace[0] == two.trace[0]  # the same initial weights
+    assert len(two.trace) > 3 and two.trace == again.trace
+    assert two.final_fingerprint == again.final_fingerprint
