@@ -75,17 +75,18 @@ def _header(path: str, array: np.ndarray) -> bytes:
     return _header_bytes(path, array.dtype, array.shape)
 
 
-def _digest(path: str, array: np.ndarray, algorithm: str) -> str:
-    # `array` is already contiguous and little-endian.
-    h = new_hash(algorithm, size_hint=array.nbytes)
-    h.update(_header(path, array))
-    h.update(_raw_bytes(array))
-    return h.digest().hex()
+def _hash_one(header: bytes, data: np.ndarray, algorithm: str) -> bytes:
+    """The digest of one variable: its header, then its bytes."""
+    h = new_hash(algorithm, size_hint=data.nbytes)
+    h.update(header)
+    h.update(data)
+    return h.digest()
 
 
 def variable_digest(path: str, array: np.ndarray, algorithm: str = DEFAULT_ALGORITHM) -> str:
     """Hex digest of one tensor: its path, dtype, shape and little-endian bytes."""
-    return _digest(path, _little_endian(np.asarray(array)), algorithm)
+    array = _little_endian(np.asarray(array))
+    return _hash_one(_header(path, array), _raw_bytes(array), algorithm).hex()
 
 
 @dataclass(frozen=True)
@@ -216,11 +217,7 @@ def _fingerprint(
 
     def hash_lane(lane: list[int]) -> None:
         for i in lane:
-            header, data = ready[i]
-            h = new_hash(algorithm, size_hint=data.nbytes)
-            h.update(header)
-            h.update(data)
-            digests[i] = h.digest()
+            digests[i] = _hash_one(*ready[i], algorithm)
 
     pool = _hash_pool()
     futures: list[Future[None]] = []
@@ -246,12 +243,13 @@ def fingerprint_arrays(
     """Fingerprint of ordered (path, array) entries; paths must be unique."""
     paths: list[str] = []
     arrays: list[np.ndarray | None] = []
+    sizes: list[int] = []
     for path, array in entries:
+        array = np.asarray(array)
         paths.append(path)
-        arrays.append(np.asarray(array))
-    return _fingerprint(
-        paths, arrays, _make_plan([a.nbytes for a in arrays if a is not None]), algorithm
-    )
+        arrays.append(array)
+        sizes.append(array.nbytes)
+    return _fingerprint(paths, arrays, _make_plan(sizes), algorithm)
 
 
 class _Variable(Protocol):

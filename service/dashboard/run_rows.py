@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.experiments import reported_image
 from service.models import Experiment, Run, Verdict, Worker
-from service.verdicts import FamilyHead, family_heads
+from service.verdicts import FamilyHead, family_heads, family_references
 
 VERDICT_FILTERS = ("identical", "diverged", "incomparable", "reference", "pending")
 
@@ -182,11 +182,17 @@ def by_ids(db: Session, ids: Sequence[int]) -> list[RunRow]:
 
 def references_of(db: Session, runs: Sequence[Run]) -> set[int]:
     """Which of these runs are their family's reference (its first successful training)."""
-    return _references(family_heads(db, _families(runs)))
+    return set(family_references(db, _families(runs)).values())
 
 
 def _families(runs: Sequence[Run]) -> set[int]:
-    return {r.family_id for r in runs if r.family_id is not None}
+    """The families of the successful trainings among these runs: only such a run can be
+    its family's reference, or wait for an older member to settle its verdict."""
+    return {
+        r.family_id
+        for r in runs
+        if r.family_id is not None and r.status == "succeeded" and r.kind == "train"
+    }
 
 
 def _references(heads: dict[int, FamilyHead]) -> set[int]:
@@ -248,8 +254,10 @@ def _settling(run: Run, heads: dict[int, FamilyHead]) -> bool:
     family = run.family_id
     if family is None or family == run.id or run.status != "succeeded" or run.kind != "train":
         return False
-    oldest = heads[family].oldest_unfinished if family in heads else None
-    return oldest is not None and oldest < run.id
+    head = heads.get(family)
+    return (
+        head is not None and head.oldest_unfinished is not None and head.oldest_unfinished < run.id
+    )
 
 
 def export_record(row: RunRow) -> dict[str, Any]:
