@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -18,9 +15,9 @@ from worker.node.api_errors import (
     ApiUnreachable,
     ArtifactCorrupt,
     LeaseLost,
-    error_from,
     file_sha256,
 )
+from worker.node.transport import API, Transport, as_dict, file_chunks
 
 __all__ = [
     "ApiClient",
@@ -31,127 +28,19 @@ __all__ = [
     "file_sha256",
 ]
 
-API = "/api/v1"
 Id = int | str  # resource ids only ever go into URLs and bodies as the server gave them
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-_RETRY_STATUSES = frozenset({502, 503, 504})
-_CHUNK = 1 << 20
 PUSH_READ_SECONDS = 600.0  # a pushed dataset is checked whole before the answer
 
 
-def _file_chunks(path: Path) -> Iterator[bytes]:
-    # A generator opens the file only when httpx starts sending, once per attempt.
-    with open(path, "rb") as fh:
-        yield from iter(lambda: fh.read(_CHUNK), b"")
-
-
-def _as_dict(response: httpx.Response) -> dict[str, Any]:
-    if not response.content:  # 204 or an empty 2xx body: nothing more to report
-        return {}
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise ApiError(response.status_code, f"expected a JSON object, got {response.text[:200]!r}")
-    return body
-
-
-class ApiClient:
+class ApiClient(Transport):
     """One method per API endpoint; returns parsed JSON and raises ApiError for non-2xx answers."""
-
-    def __init__(
-        self,
-        base_url: str,
-        token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        transport: httpx.BaseTransport | None = None,
-        retries: int = 3,
-        backoff: float = 0.25,
-    ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.base_url = base_url.rstrip("/")
-        self.retries = retries
-        self.backoff = backoff
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
-        )
-
-    def close(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
-
-    def __enter__(self) -> ApiClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    # -- transport ---------------------------------------------------------------------------
-
-    def _send(
-        self,
-        build: Callable[[], httpx.Request],
-        *,
-        idempotent: bool,
-        lease: bool = False,
-        stream: bool = False,
-    ) -> httpx.Response:
-        """Send with retries; idempotent requests also retry timeouts and 502/503/504.
-
-        Non-idempotent ones retry only when the connection was never made, because then the
-        server cannot have acted on them.
-        """
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                response = self._http.send(build(), stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if last:
-                    raise ApiUnreachable(None, f"cannot reach {self.base_url}: {exc}") from exc
-            except httpx.TransportError as exc:
-                if last or not idempotent:
-                    raise ApiUnreachable(None, f"{self.base_url}: {exc!r}") from exc
-            else:
-                if response.is_success:
-                    return response
-                response.read()
-                response.close()
-                if not (idempotent and response.status_code in _RETRY_STATUSES and not last):
-                    raise error_from(response, lease=lease)
-            time.sleep(self.backoff * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover - the loop always returns/raises
-
-    def _timeout(self, *, read: float | None) -> httpx.Timeout:
-        """The client's timeouts with another read timeout (None: wait as long as it takes)."""
-        base = self._http.timeout
-        return httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        idempotent: bool | None = None,
-        lease: bool = False,
-        **kwargs: Any,
-    ) -> httpx.Response:
-        safe = method == "GET" if idempotent is None else idempotent
-        return self._send(
-            lambda: self._http.build_request(method, path, **kwargs), idempotent=safe, lease=lease
-        )
 
     # -- people ------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
         """GET /healthz."""
-        return _as_dict(self._call("GET", "/healthz"))
+        return as_dict(self._call("GET", "/healthz"))
 
     def submit(
         self,
@@ -173,33 +62,33 @@ class ApiClient:
             headers=headers,
             params={"copies": copies} if copies is not None else None,
         )
-        return _as_dict(response)
+        return as_dict(response)
 
     def compare(self, a: Id, b: Id) -> dict[str, Any]:
         """The comparison report of run b against run a."""
-        return _as_dict(self._call("GET", f"{API}/compare", params={"a": a, "b": b}))
+        return as_dict(self._call("GET", f"{API}/compare", params={"a": a, "b": b}))
 
     def refine(self, a: Id, b: Id) -> dict[str, Any]:
         """Queue the per-step re-trace of two diverged runs' divergent epoch."""
         body = {"a": a, "b": b}
-        return _as_dict(self._call("POST", f"{API}/compare/refine", json=body))
+        return as_dict(self._call("POST", f"{API}/compare/refine", json=body))
 
     def refinement(self, refinement_id: Id) -> dict[str, Any]:
         """A refinement: its runs' status and, once both finished, its report."""
-        return _as_dict(self._call("GET", f"{API}/compare/refine/{refinement_id}"))
+        return as_dict(self._call("GET", f"{API}/compare/refine/{refinement_id}"))
 
     def reproducibility_audit(self, audit_id: Id) -> dict[str, Any]:
         """A reproducibility audit: its copies and whether they all agree."""
-        return _as_dict(self._call("GET", f"{API}/repro-audits/{audit_id}"))
+        return as_dict(self._call("GET", f"{API}/repro-audits/{audit_id}"))
 
     def experiments(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         """A page of experiments: {"items": [...], "total": n}."""
         params = {"limit": limit, "offset": offset}
-        return _as_dict(self._call("GET", f"{API}/experiments", params=params))
+        return as_dict(self._call("GET", f"{API}/experiments", params=params))
 
     def experiment(self, experiment_id: Id) -> dict[str, Any]:
         """One experiment."""
-        return _as_dict(self._call("GET", f"{API}/experiments/{experiment_id}"))
+        return as_dict(self._call("GET", f"{API}/experiments/{experiment_id}"))
 
     def runs(
         self,
@@ -217,26 +106,26 @@ class ApiClient:
         params.update(limit=limit, offset=offset)
         if cursor is not None:
             params["cursor"] = cursor
-        return _as_dict(self._call("GET", f"{API}/runs", params=params))
+        return as_dict(self._call("GET", f"{API}/runs", params=params))
 
     def run(self, run_id: Id) -> dict[str, Any]:
         """One run, with its latest progress event."""
-        return _as_dict(self._call("GET", f"{API}/runs/{run_id}"))
+        return as_dict(self._call("GET", f"{API}/runs/{run_id}"))
 
     def rerun(self, run_id: Id) -> dict[str, Any]:
         """Queue a rerun of a run; returns the new run."""
-        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/rerun"))
+        return as_dict(self._call("POST", f"{API}/runs/{run_id}/rerun"))
 
     def cancel(self, run_id: Id) -> dict[str, Any]:
         """Cancel a queued or running run; returns the run."""
-        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/cancel"))
+        return as_dict(self._call("POST", f"{API}/runs/{run_id}/cancel"))
 
     def create_token(
         self, name: str, role: str, *, expires_in_days: float | None = None
     ) -> dict[str, Any]:
         """Create a token (admins); the response holds its secret, shown only this once."""
         body = {"name": name, "role": role, "expires_in_days": expires_in_days}
-        return _as_dict(self._call("POST", f"{API}/tokens", json=body))
+        return as_dict(self._call("POST", f"{API}/tokens", json=body))
 
     def tokens(self) -> list[dict[str, Any]]:
         """Every token, without secrets (admins)."""
@@ -246,14 +135,14 @@ class ApiClient:
 
     def revoke_token(self, token_id: Id) -> dict[str, Any]:
         """Revoke a token (admins)."""
-        return _as_dict(self._call("POST", f"{API}/tokens/{token_id}/revoke"))
+        return as_dict(self._call("POST", f"{API}/tokens/{token_id}/revoke"))
 
     def audit(self, *, action: str | None = None, limit: int = 100) -> dict[str, Any]:
         """A page of the audit log, newest first (admins)."""
         params: dict[str, Id] = {"limit": limit}
         if action:
             params["action"] = action
-        return _as_dict(self._call("GET", f"{API}/audit", params=params))
+        return as_dict(self._call("GET", f"{API}/audit", params=params))
 
     def wait(
         self,
@@ -321,7 +210,7 @@ class ApiClient:
         }
         # Sent only when known, so a server from before device counts still takes the body.
         body.update({k: v for k, v in (("gpus", gpus), ("cpu_devices", cpu_devices)) if v})
-        return _as_dict(self._call("POST", f"{API}/workers/register", json=body))
+        return as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
     def claim(self, worker_id: Id, *, wait: float = 0) -> dict[str, Any] | None:
         """Lease the next run this worker can run: {"run", "lease", "checkpoint"}, or None.
@@ -336,7 +225,7 @@ class ApiClient:
             read = self._http.timeout.read
             timeout = self._timeout(read=wait + (read or 30.0))
             response = self._call("POST", path, params={"wait": wait}, timeout=timeout)
-        return None if response.status_code == 204 else _as_dict(response)
+        return None if response.status_code == 204 else as_dict(response)
 
     def heartbeat(
         self, run_id: Id, worker_id: Id, progress: dict[str, Any] | None
@@ -347,7 +236,7 @@ class ApiClient:
         response = self._call(
             "POST", f"{API}/runs/{run_id}/heartbeat", idempotent=True, lease=True, json=body
         )
-        return _as_dict(response)
+        return as_dict(response)
 
     def upload_artifact(
         self, run_id: Id, worker_id: Id, path: Path, *, kind: str, name: str, epoch: int | None
@@ -367,10 +256,10 @@ class ApiClient:
         def build() -> httpx.Request:
             # A fresh generator per attempt: a retried upload re-reads the file from the start.
             return self._http.build_request(
-                "POST", url, params=params, headers=headers, content=_file_chunks(path)
+                "POST", url, params=params, headers=headers, content=file_chunks(path)
             )
 
-        return _as_dict(self._send(build, idempotent=False, lease=True))
+        return as_dict(self._send(build, idempotent=False, lease=True))
 
     def download_artifact(self, artifact_id: Id, dest: Path, *, sha256: str) -> Path:
         """Download an artifact to `dest`, which appears only once its SHA-256 matches."""
@@ -384,14 +273,14 @@ class ApiClient:
             "Content-Length": str(size),
             "X-Content-SHA256": f"sha256:{digest}",
         }
-        return _as_dict(
+        return as_dict(
             self._send(  # content-addressed: sending the same bytes twice stores them once
                 lambda: self._http.build_request(
                     "POST",
                     f"{API}/datasets",
                     params={"name": name},
                     headers=headers,
-                    content=_file_chunks(path),
+                    content=file_chunks(path),
                     # The server reads every byte again before it answers.
                     timeout=self._timeout(read=PUSH_READ_SECONDS),
                 ),
@@ -402,64 +291,28 @@ class ApiClient:
     def datasets(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         """A page of datasets: {"items": [...], "total": n}."""
         params = {"limit": limit, "offset": offset}
-        return _as_dict(self._call("GET", f"{API}/datasets", params=params))
+        return as_dict(self._call("GET", f"{API}/datasets", params=params))
 
     def dataset(self, digest: str) -> dict[str, Any]:
         """One dataset: its arrays, who pushed it, the runs that used it."""
-        return _as_dict(self._call("GET", f"{API}/datasets/{digest}"))
+        return as_dict(self._call("GET", f"{API}/datasets/{digest}"))
 
     def download_dataset(self, digest: str, dest: Path) -> Path:
         """Download a dataset to `dest`, which appears only once its digest matches."""
         url = f"{API}/datasets/{digest}/content"
         return self._download(url, dest, sha256=digest.removeprefix("sha256:"))
 
-    def _download(self, url: str, dest: Path, *, sha256: str) -> Path:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.part")
-        for attempt in range(self.retries + 1):
-            try:
-                actual = self._download_once(url, tmp)
-                break
-            except ApiUnreachable:
-                tmp.unlink(missing_ok=True)
-                if attempt == self.retries:
-                    raise
-                time.sleep(self.backoff * 2**attempt)
-        if actual != sha256.lower():
-            tmp.unlink(missing_ok=True)
-            raise ArtifactCorrupt(None, f"{url}: sha256 {actual} != {sha256}")
-        os.replace(tmp, dest)
-        return dest
-
-    def _download_once(self, url: str, tmp: Path) -> str:
-        response = self._send(
-            lambda: self._http.build_request("GET", url), idempotent=True, stream=True
-        )
-        digest = hashlib.sha256()
-        try:
-            with open(tmp, "wb") as fh:
-                for chunk in response.iter_bytes(_CHUNK):
-                    digest.update(chunk)
-                    fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except httpx.TransportError as exc:  # the connection broke mid-body
-            raise ApiUnreachable(None, f"download of {url} broke off: {exc!r}") from exc
-        finally:
-            response.close()
-        return digest.hexdigest()
-
     def complete(self, run_id: Id, worker_id: Id, result: dict[str, Any]) -> dict[str, Any]:
         """Report the job's result document; the server marks the run by result["status"]."""
         body = {"worker_id": worker_id, "result": result}
-        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/complete", lease=True, json=body))
+        return as_dict(self._call("POST", f"{API}/runs/{run_id}/complete", lease=True, json=body))
 
     def fail(self, run_id: Id, worker_id: Id, error: dict[str, Any]) -> dict[str, Any]:
         """Report a job that left no result document; error is {"type", "message", "traceback"}."""
         body = {"worker_id": worker_id, "error": error}
-        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/fail", lease=True, json=body))
+        return as_dict(self._call("POST", f"{API}/runs/{run_id}/fail", lease=True, json=body))
 
     def release(self, run_id: Id, worker_id: Id, reason: str) -> dict[str, Any]:
         """Give the run back to the queue without counting a failure."""
         body = {"worker_id": worker_id, "reason": reason}
-        return _as_dict(self._call("POST", f"{API}/runs/{run_id}/release", lease=True, json=body))
+        return as_dict(self._call("POST", f"{API}/runs/{run_id}/release", lease=True, json=body))
