@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -350,3 +351,69 @@ def test_a_job_past_its_deadline_is_stopped_in_its_locked_down_container(
         job.close()
     with pytest.raises(docker.errors.NotFound):
         engine.containers.get(job.container.id)
+
+
+def test_a_stored_dataset_is_mounted_read_only_and_trains_as_in_a_process(
+    image_id: str, tmp_path: Path
+) -> None:
+    from tests.integration.test_datasets_api import digits_like, sha256, spec_using
+    from worker.node.executors.base import JobRequest
+    from worker.node.executors.docker import DockerExecutor
+
+    body = digits_like(n=48, seed=3)
+    digest = sha256(body)
+    cached = tmp_path / "datasets" / digest.removeprefix("sha256:")  # as the node caches it
+    cached.parent.mkdir()
+    cached.write_bytes(body)
+    spec = json.loads(spec_using(digest))
+
+    def attempt(name: str) -> Path:
+        path = tmp_path / name
+        (path / "checkpoints").mkdir(parents=True)
+        (path / "spec.json").write_text(json.dumps(spec))
+        return path
+
+    in_container = attempt("container")
+    request = JobRequest(
+        run_id="stored-dataset",
+        attempt_dir=in_container,
+        spec_path=in_container / "spec.json",
+        result_path=in_container / "result.json",
+        checkpoint_dir=in_container / "checkpoints",
+        resume=False,
+        max_model_parameters=None,
+        trace_every_steps=None,
+        until_epoch=None,
+        image=image_id,
+        dataset_file=cached,
+    )
+    job = DockerExecutor(images=[image_id], memory=MEMORY).start(request)
+    try:
+        [mount] = [m for m in job.container.attrs["Mounts"] if m["Source"] == str(cached)]
+        assert mount["Destination"] == f"/datasets/{cached.name}" and mount["RW"] is False
+        stderr = "".join(job.stderr_lines())
+        assert job.wait() == 0, stderr[-3000:]
+    finally:
+        job.close()
+    by_container = json.loads(request.result_path.read_text())
+    assert by_container["status"] == "succeeded", by_container.get("error")
+    assert by_container["provenance"]["dataset"]["digest"] == digest
+    assert cached.read_bytes() == body
+
+    # The same job in a plain process, on the same file: the same data, the same weights.
+    in_process = attempt("process")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "worker.run", "--spec", str(in_process / "spec.json")),
+            *("--out", str(in_process / "result.json"), "--dataset-file", str(cached)),
+        ],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    by_process = json.loads((in_process / "result.json").read_text())
+    assert by_process["status"] == "succeeded", done.stderr[-3000:]
+    assert by_container["data_fingerprints"] == by_process["data_fingerprints"]
+    assert by_container["final_fingerprint"] == by_process["final_fingerprint"]
