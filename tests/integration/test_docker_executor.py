@@ -23,6 +23,7 @@ import yaml
 
 from tests.integration.jobs import job_env
 from tests.integration.service_procs import Service, _cli
+from worker.node.executors.base import JobRequest
 
 docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
 
@@ -191,6 +192,27 @@ def run_containers(engine: Any, run_id: int) -> list[Any]:
     return list(engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}))
 
 
+def job_request(
+    attempt_dir: Path, spec: dict[str, Any], run_id: str, image: str | None, **more: Any
+) -> JobRequest:
+    """A job laid out as an agent lays out a claimed run: the spec in `attempt_dir`."""
+    (attempt_dir / "checkpoints").mkdir(parents=True)
+    (attempt_dir / "spec.json").write_text(json.dumps(spec))
+    return JobRequest(
+        run_id=run_id,
+        attempt_dir=attempt_dir,
+        spec_path=attempt_dir / "spec.json",
+        result_path=attempt_dir / "result.json",
+        checkpoint_dir=attempt_dir / "checkpoints",
+        resume=False,
+        max_model_parameters=None,
+        trace_every_steps=None,
+        until_epoch=None,
+        image=image,
+        **more,
+    )
+
+
 def test_container_job_equals_process_job_and_its_image_is_provenance(
     service: Service, image_id: str, tmp_path: Path
 ) -> None:
@@ -317,24 +339,10 @@ def test_a_run_pinned_by_tag_alone_is_refused_unless_the_operator_allows_tags(
 def test_a_job_past_its_deadline_is_stopped_in_its_locked_down_container(
     engine: Any, image_id: str, tmp_path: Path
 ) -> None:
-    from worker.node.executors.base import JobRequest
     from worker.node.executors.docker import DockerExecutor
 
     executor = DockerExecutor(images=[image_id], memory=MEMORY, cpus=1.5, pids=256, deadline=2)
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "spec.json").write_text(json.dumps(yaml.safe_load(LONGER)))
-    request = JobRequest(
-        run_id="deadline",
-        attempt_dir=tmp_path,
-        spec_path=tmp_path / "spec.json",
-        result_path=tmp_path / "result.json",
-        checkpoint_dir=tmp_path / "checkpoints",
-        resume=False,
-        max_model_parameters=None,
-        trace_every_steps=None,
-        until_epoch=None,
-        image=image_id,
-    )
+    request = job_request(tmp_path, yaml.safe_load(LONGER), "deadline", image_id)
     job = executor.start(request)
     try:
         host = job.container.attrs["HostConfig"]
@@ -357,7 +365,6 @@ def test_a_stored_dataset_is_mounted_read_only_and_trains_as_in_a_process(
     image_id: str, tmp_path: Path
 ) -> None:
     from tests.integration.test_datasets_api import digits_like, sha256, spec_using
-    from worker.node.executors.base import JobRequest
     from worker.node.executors.docker import DockerExecutor
 
     body = digits_like(n=48, seed=3)
@@ -367,25 +374,8 @@ def test_a_stored_dataset_is_mounted_read_only_and_trains_as_in_a_process(
     cached.write_bytes(body)
     spec = json.loads(spec_using(digest))
 
-    def attempt(name: str) -> Path:
-        path = tmp_path / name
-        (path / "checkpoints").mkdir(parents=True)
-        (path / "spec.json").write_text(json.dumps(spec))
-        return path
-
-    in_container = attempt("container")
-    request = JobRequest(
-        run_id="stored-dataset",
-        attempt_dir=in_container,
-        spec_path=in_container / "spec.json",
-        result_path=in_container / "result.json",
-        checkpoint_dir=in_container / "checkpoints",
-        resume=False,
-        max_model_parameters=None,
-        trace_every_steps=None,
-        until_epoch=None,
-        image=image_id,
-        dataset_file=cached,
+    request = job_request(
+        tmp_path / "container", spec, "stored-dataset", image_id, dataset_file=cached
     )
     job = DockerExecutor(images=[image_id], memory=MEMORY).start(request)
     try:
@@ -401,11 +391,11 @@ def test_a_stored_dataset_is_mounted_read_only_and_trains_as_in_a_process(
     assert cached.read_bytes() == body
 
     # The same job in a plain process, on the same file: the same data, the same weights.
-    in_process = attempt("process")
+    in_process = job_request(tmp_path / "process", spec, "stored-dataset", None)
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "worker.run", "--spec", str(in_process / "spec.json")),
-            *("--out", str(in_process / "result.json"), "--dataset-file", str(cached)),
+            *(sys.executable, "-m", "worker.run", "--spec", str(in_process.spec_path)),
+            *("--out", str(in_process.result_path), "--dataset-file", str(cached)),
         ],
         env=job_env(),
         capture_output=True,
@@ -413,7 +403,7 @@ def test_a_stored_dataset_is_mounted_read_only_and_trains_as_in_a_process(
         timeout=300,
         check=False,
     )
-    by_process = json.loads((in_process / "result.json").read_text())
+    by_process = json.loads(in_process.result_path.read_text())
     assert by_process["status"] == "succeeded", done.stderr[-3000:]
     assert by_container["data_fingerprints"] == by_process["data_fingerprints"]
     assert by_container["final_fingerprint"] == by_process["final_fingerprint"]
