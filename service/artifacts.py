@@ -85,6 +85,12 @@ async def receive(
     return tmp, size
 
 
+def stored_path(directory: Path, digest: str) -> Path:
+    """Where the file of `digest` (hex, or `sha256:`-prefixed) lives in a content store."""
+    hexdigest = digest.removeprefix("sha256:")
+    return directory / hexdigest[:2] / hexdigest
+
+
 def lock_digests(db: Session, digests: Iterable[str]) -> None:
     """Hold the stored files of these digests until the transaction ends.
 
@@ -125,7 +131,7 @@ def record(
     if art is None:
         art = Artifact(run_id=run.id, kind=kind, name=name)
         db.add(art)
-    final = directory / sha256[:2] / sha256
+    final = stored_path(directory, sha256)
     art.epoch, art.sha256, art.size = epoch, sha256, size
     art.storage_url, art.attempt = final.resolve().as_uri(), run.attempt
     db.flush()  # the row is written first: on SQLite this takes the write lock

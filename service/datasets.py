@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.artifacts import write_hashed
+from service.artifacts import stored_path, write_hashed
 from service.auth import GRANTS, Principal, audit
 from service.errors import (
     DatasetRefused,
@@ -53,12 +53,6 @@ def check_name(name: str) -> str:
     if not re.fullmatch(NAME, name):
         raise MalformedBody("a dataset name is 1 to 200 characters without control characters")
     return name
-
-
-def stored_path(directory: Path, digest: str) -> Path:
-    """Where the file of `digest` lives in the store."""
-    hexdigest = digest.removeprefix("sha256:")
-    return directory / hexdigest[:2] / hexdigest
 
 
 async def spool(
