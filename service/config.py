@@ -63,9 +63,12 @@ class Settings(BaseSettings):
     max_event_streams: int = Field(default=1000, ge=1)
     max_waiting_claims: int = Field(default=1000, ge=1)
     # Database connections per API process (PostgreSQL; SQLite uses a pool as large as the
-    # thread pool): at least the thread pool's 40, so no request thread waits for one.
-    db_pool_size: int = Field(default=10, ge=1)
-    db_max_overflow: int = Field(default=40, ge=0)
+    # thread pool): at least the thread pool's 40, so no request thread waits for one. The
+    # pool keeps as many as it has needed, up to `db_pool_size`, and closes the overflow on
+    # return: with a kept pool smaller than the requests in flight, steady load opened and
+    # closed a server connection every few requests.
+    db_pool_size: int = Field(default=40, ge=1)
+    db_max_overflow: int = Field(default=10, ge=0)
     db_pool_timeout_seconds: float = Field(default=10.0, gt=0)
     # /metrics answers without a token by default (aggregate numbers only, as Prometheus
     # scrapers expect); when True it asks for a token with the read role.

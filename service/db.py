@@ -35,7 +35,7 @@ def _private_sqlite_file(path: Path) -> None:
 
 
 def make_engine(
-    url: str, *, pool_size: int = 10, max_overflow: int = 40, pool_timeout: float = 10.0
+    url: str, *, pool_size: int = 40, max_overflow: int = 10, pool_timeout: float = 10.0
 ) -> Engine:
     """An engine for the URL, configured for concurrent API and worker use.
 

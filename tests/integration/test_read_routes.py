@@ -9,6 +9,7 @@ import asyncio
 import anyio.to_thread
 import httpx
 import pytest
+from sqlalchemy import event
 
 from service.app import create_app
 from service.auth import create_token
@@ -64,3 +65,47 @@ def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Setting
         asyncio.run(main())
     finally:
         app.state.engine.dispose()
+
+
+def test_concurrent_reads_keep_their_connections_instead_of_opening_new_ones(
+    settings: Settings,
+) -> None:
+    """Rounds of reads in flight together open the connections they need once: the pool
+    keeps every connection up to the thread pool's size, where a smaller kept pool closed
+    the overflow on return and steady load opened a new server connection every few
+    requests."""
+    in_flight, rounds = 16, 12
+    app = create_app(settings)
+    opened: list[object] = []
+    event.listen(app.state.engine, "connect", lambda dbapi_conn, record: opened.append(record))
+    with app.state.sessionmaker() as db:
+        secret = create_token(db=db, name="submitter", role="submitter")[1]
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://api",
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=30,
+        ) as client:
+            submitted = await client.post(
+                "/api/v1/experiments", content=SEED001, headers={"Content-Type": "application/yaml"}
+            )
+            assert submitted.status_code == 201, submitted.text
+            run_id = submitted.json()["run"]["id"]
+            paths = [f"/api/v1/runs/{run_id}", "/api/v1/runs?limit=5"]
+            statuses = []
+            for _ in range(rounds):
+                answers = await asyncio.gather(
+                    *(client.get(paths[i % 2]) for i in range(in_flight))
+                )
+                statuses += [a.status_code for a in answers]
+            return statuses
+
+    try:
+        statuses = asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
+    assert statuses == [200] * (in_flight * rounds)
+    # At most one per request in flight (the submission's is among them); at least one.
+    assert 1 <= len(opened) <= in_flight, f"{len(opened)} connections opened for {in_flight}"
