@@ -5,10 +5,10 @@ For each model size, an MLP `Input(w) -> Dense(w) x 4` with an Adam optimizer bu
 it: the state a job fingerprints is the weights plus Adam's two moments, three times the
 weights' bytes.
 
-- measured: `fingerprint_state(training_state(model, optimizer))`, in bytes per second: one
-  ReadVariableOp per variable (a NumPy view, no copy), small variables in lanes of about
-  equal bytes, one per core, each hash thread's lane read and handed over before the
-  calling thread reads its own; large ones by the hash's own threads.
+- measured: `fingerprint_state(training_state(model, optimizer))`, in bytes per second: every
+  variable read by one `_ReadVariablesOp` (NumPy views, no copies), small variables in lanes
+  of about equal bytes, one per core, each hash thread's lane handed over before the calling
+  thread hashes its own; large ones by the hash's own threads.
 - baseline: the same bytes already in memory as NumPy arrays (copies of the variables),
   each in turn through the hash object fingerprint.py picks for an array of that size (one
   thread below 4 MiB, all cores above). It skips the reads, the per-variable header and the
@@ -106,11 +106,7 @@ def gap_cause(measured: Timed, baseline: Timed, reads: Timed, raw_tf: Timed, cou
     )
     if reads.best >= max(buffers, rest):
         return parts + (
-            "; the reads are one eager ReadVariableOp each, and the calling thread's own lane "
-            "is read while the other lanes hash, so its share of the reads stays in the gap "
-            "(one compiled read of all of them measured slower from a cold start, 0.37-0.55 "
-            "against 0.23-0.33 ms, and is instantiated again each time a job reseeds "
-            "TensorFlow)"
+            "; the reads are one eager op for every variable, done before any hashing starts"
         )
     if buffers >= rest:
         return parts + "; TensorFlow's buffers hash slower (memory placement), not fixable here"

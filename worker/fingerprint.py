@@ -3,7 +3,7 @@
 A variable's digest covers (path, dtype, shape, little-endian bytes); a state's
 fingerprint is `<algorithm>:<hex>` over the ordered (path, variable digest) entries.
 Needs NumPy and blake3 only: variables are read through `.path` and `.numpy()`, or, for
-TensorFlow and Keras variables, with one `ReadVariableOp` each, which avoids a copy (TensorFlow
+TensorFlow and Keras variables, all with one `_ReadVariablesOp`, which avoids a copy (TensorFlow
 is used only when it is already imported). Small variables are hashed on several threads:
 the hash functions release the GIL, and a model's many small variables otherwise leave all
 but one core idle.
@@ -28,8 +28,6 @@ DEFAULT_ALGORITHM = "blake3"
 ALGORITHMS = ("blake3", "sha256")
 # Below this many bytes a thread pool costs more than it saves.
 _THREADED_HASH_BYTES = 1 << 22
-# A variable's read takes about as long as hashing this many bytes (12 us from a cold start).
-_READ_COST_BYTES = 1 << 16
 # Below this many bytes of small arrays in all, waking a hash thread costs more than it saves.
 _POOL_MIN_BYTES = 1 << 17
 _MAX_HASH_THREADS = 8
@@ -156,12 +154,8 @@ class _Plan:
     large: list[int]
 
 
-def _make_plan(sizes: Sequence[int], read_cost: int = 0) -> _Plan:
-    """Arrays under 4 MiB in `workers + 1` lanes of about equal work (largest first).
-
-    `read_cost`: what reading an array costs the calling thread, in bytes hashed in the same
-    time, when it reads its own lane while the hash threads hash theirs (`fingerprint_state`).
-    """
+def _make_plan(sizes: Sequence[int]) -> _Plan:
+    """Arrays under 4 MiB in `workers + 1` lanes of about equal work (largest first)."""
     pool = _hash_pool()
     workers = pool[1] if pool is not None else 0
     small = [i for i, size in enumerate(sizes) if size < _THREADED_HASH_BYTES]
@@ -174,25 +168,19 @@ def _make_plan(sizes: Sequence[int], read_cost: int = 0) -> _Plan:
         k = loads.index(min(loads))
         lanes[k].append(i)
         loads[k] += sizes[i] + 64  # a hash call costs about as much as 64 more bytes
-        if k == 0:
-            loads[k] += read_cost
     return _Plan(workers, lanes, large)
 
 
 def _fingerprint(
-    paths: Sequence[str],
-    arrays: list[np.ndarray | None],
-    plan: _Plan,
-    algorithm: str,
-    load: Callable[[int], np.ndarray] | None = None,
+    paths: Sequence[str], arrays: Sequence[np.ndarray], plan: _Plan, algorithm: str
 ) -> StateFingerprint:
-    """Fingerprint of arrays by path; `load(i)` gives `arrays[i]` where it is None.
+    """Fingerprint of arrays by path.
 
     The lanes of the plan hash side by side, since each hash call releases the GIL. Each
-    thread's lane is loaded before it is handed over, and the
-    calling thread loads its own while the others hash. Arrays from 4 MiB up are then
+    thread's lane is prepared (headers, byte views) before it is handed over, and the
+    calling thread prepares its own while the others hash. Arrays from 4 MiB up are then
     hashed one at a time by the hash's own threads. Handing each array to a thread as soon
-    as it is loaded was slower: the threads then wait for the GIL on every array.
+    as it is prepared was slower: the threads then wait for the GIL on every array.
     """
     new_hash(algorithm)  # an unknown algorithm fails here, not on a hash thread
     seen: set[str] = set()
@@ -207,11 +195,7 @@ def _fingerprint(
         # The hash threads get everything but the hashing done: any Python step of theirs
         # waits for the GIL while this thread reads the next lane.
         for i in lane:
-            array = arrays[i]
-            if array is None:
-                assert load is not None
-                array = load(i)
-            array = _little_endian(np.asarray(array))
+            array = _little_endian(np.asarray(arrays[i]))
             # Headers repeat from one trace point to the next: same paths, dtypes and shapes.
             ready[i] = _cached_header(paths[i], array.dtype, array.shape), _raw_bytes(array)
 
@@ -242,7 +226,7 @@ def fingerprint_arrays(
 ) -> StateFingerprint:
     """Fingerprint of ordered (path, array) entries; paths must be unique."""
     paths: list[str] = []
-    arrays: list[np.ndarray | None] = []
+    arrays: list[np.ndarray] = []
     sizes: list[int] = []
     for path, array in entries:
         array = np.asarray(array)
@@ -358,6 +342,32 @@ def _direct_read(
     return None
 
 
+def _read_all(handles: Sequence[tuple[Any, Any]]) -> list[np.ndarray] | None:
+    """The values of resource variables by (handle, dtype), all read by one eager
+    `_ReadVariablesOp`, as NumPy views; None where TensorFlow cannot run it here.
+
+    One op for every variable costs about what two `ReadVariableOp`s do (55 against 250 us
+    for 28 small variables), and its outputs are the same snapshots sharing the variables'
+    buffers. The op is TensorFlow's own, registered beside `ReadVariableOp`, but internal
+    (no public wrapper), so it is called through the eager fast path that generated op
+    wrappers use.
+    """
+    pywrap = sys.modules.get("tensorflow.python.pywrap_tfe")
+    context = sys.modules.get("tensorflow.python.eager.context")
+    execute = getattr(pywrap, "TFE_Py_FastPathExecute", None)
+    if execute is None or context is None or not handles:
+        return None
+    ctx = context.context()
+    if not ctx.executing_eagerly():
+        return None
+    try:
+        resources, dtypes = [h for h, _ in handles], [d for _, d in handles]
+        values = execute(ctx, "_ReadVariablesOp", None, resources, "dtypes", dtypes)
+        return [np.asarray(v) for v in values]
+    except Exception:  # any failure: the caller reads one op each, which raises
+        return None  # TensorFlow's own error if a variable itself is unreadable
+
+
 def read_state(state: Sequence[tuple[str, _Variable]]) -> list[np.ndarray]:
     """The current values of `training_state(...)` entries, as NumPy views where possible."""
     reader = _variable_reader()
@@ -371,14 +381,19 @@ def read_state(state: Sequence[tuple[str, _Variable]]) -> list[np.ndarray]:
             d[1] if d is not None else _read_variable(v, reader)
             for d, (_, v) in zip(found, state, strict=True)
         ]
-        state._plan = _make_plan([a.nbytes for a in arrays], _READ_COST_BYTES)
+        state._plan = _make_plan([a.nbytes for a in arrays])
         return arrays
-    return [
-        np.asarray(reader(resource=h[0], dtype=h[1]))
-        if h is not None
-        else _read_variable(v, reader)
-        for h, (_, v) in zip(handles, state, strict=True)
-    ]
+    direct = [i for i, h in enumerate(handles) if h is not None]
+    together = _read_all([h for h in handles if h is not None])
+    if together is None:
+        return [
+            np.asarray(reader(resource=h[0], dtype=h[1]))
+            if h is not None
+            else _read_variable(v, reader)
+            for h, (_, v) in zip(handles, state, strict=True)
+        ]
+    read: dict[int, np.ndarray] = dict(zip(direct, together, strict=True))
+    return [read[i] if i in read else _read_variable(v, reader) for i, (_, v) in enumerate(state)]
 
 
 def fingerprint_state(
@@ -386,26 +401,16 @@ def fingerprint_state(
 ) -> StateFingerprint:
     """Fingerprint of `training_state(...)` entries, read from the variables now.
 
-    From the second fingerprint of a `TrainingState` on, the variables' sizes are known
-    before reading them, so the hash threads take their lanes while the calling thread is
-    still reading its own (at 1 MB of weights the reads take about half as long as the
-    hashing).
+    From the second fingerprint of a `TrainingState` on, every variable is read by one op
+    before the hashing starts (see `_read_all`), and the lanes are the ones planned at the
+    first read.
     """
+    arrays = read_state(state)
     paths = [path for path, _ in state]
-    reader = _variable_reader()
-    if not isinstance(state, TrainingState) or state._plan is None or reader is None:
-        arrays = read_state(state)
-        return fingerprint_arrays(zip(paths, arrays, strict=True), algorithm)
-    handles = state._handles
-    assert handles is not None
-
-    def load(i: int) -> np.ndarray:
-        how = handles[i]
-        if how is None:
-            return _read_variable(state[i][1], reader)
-        return np.asarray(reader(resource=how[0], dtype=how[1]))
-
-    return _fingerprint(paths, [None] * len(paths), state._plan, algorithm, load)
+    plan = state._plan if isinstance(state, TrainingState) else None
+    if plan is None:
+        plan = _make_plan([a.nbytes for a in arrays])
+    return _fingerprint(paths, arrays, plan, algorithm)
 
 
 class StreamDigest:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from worker import fingerprint, registry
 from worker.fingerprint import (
     StateFingerprint,
+    TrainingState,
     combine,
     fingerprint_arrays,
     fingerprint_state,
@@ -50,8 +51,8 @@ def test_a_snapshot_does_not_follow_later_updates() -> None:
 def test_later_fingerprints_of_a_training_state_read_the_values_then(
     pool_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """From its second fingerprint on, a TrainingState is read lane by lane beside hashing:
-    each fingerprint must still be that of the values at the time of the call."""
+    """From its second fingerprint on, a TrainingState is read by one op and hashed in the
+    lanes planned at its first: each fingerprint must be that of the values at the call."""
     if pool_min_bytes is not None:
         monkeypatch.setattr(fingerprint, "_POOL_MIN_BYTES", pool_min_bytes)
     inputs = keras.Input((64,))
@@ -69,6 +70,29 @@ def test_later_fingerprints_of_a_training_state_read_the_values_then(
             if variable.dtype == "float32" and len(variable.shape) == 2:
                 variable.assign_add(np.full(variable.shape, step + 1, np.float32))
     assert len(seen) == 4
+
+
+def test_from_its_second_read_on_a_training_state_is_read_by_one_op_as_snapshots() -> None:
+    """The second and later reads take every variable with one `_ReadVariablesOp` (a
+    TensorFlow update that dropped it would fall back to one op each, silently slower):
+    the arrays must be the values at the call, of every dtype, and stay so after updates."""
+    dtypes = ["float32", "float16", "bfloat16", "int64", "bool"]
+    state = TrainingState(
+        (f"v/{dtype}", tf.Variable(tf.cast(tf.reshape(tf.range(12), [3, 4]) % 3, dtype)))
+        for dtype in dtypes
+    )
+    fingerprint.read_state(state)  # the first read finds the handles
+    assert state._handles is not None and all(h is not None for h in state._handles)
+    together = fingerprint._read_all([h for h in state._handles if h is not None])
+    assert together is not None
+    copies = [np.array(v.numpy()) for _, v in state]
+    for read in (together, fingerprint.read_state(state)):
+        assert [a.dtype for a in read] == [c.dtype for c in copies]
+        assert all(np.array_equal(a, c) for a, c in zip(read, copies, strict=True))
+    for (_, variable), dtype in zip(state, dtypes, strict=True):
+        variable.assign(tf.cast(tf.fill([3, 4], 2), dtype))
+    assert all(np.array_equal(a, c) for a, c in zip(together, copies, strict=True))
+    assert fingerprint_state(state) == fingerprint_arrays((p, v.numpy()) for p, v in state)
 
 
 # One small spec per built-in architecture, with a generator whose samples it takes.
