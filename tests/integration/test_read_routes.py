@@ -5,10 +5,13 @@ The app runs in-process so the test can take every thread-pool slot first."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio.to_thread
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import event
 
 from service.app import create_app
@@ -24,24 +27,30 @@ def settings(migrated_settings: Settings) -> Settings:
     return migrated_settings
 
 
-def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Settings) -> None:
-    app = create_app(settings)
+@asynccontextmanager
+async def _client_with_a_run(app: FastAPI) -> AsyncIterator[tuple[httpx.AsyncClient, int]]:
+    """A submitter's client of the in-process app, and the run its submission queued."""
     with app.state.sessionmaker() as db:
         secret = create_token(db=db, name="submitter", role="submitter")[1]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://api",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=30,
+    ) as client:
+        submitted = await client.post(
+            "/api/v1/experiments", content=SEED001, headers={"Content-Type": "application/yaml"}
+        )
+        assert submitted.status_code == 201, submitted.text
+        yield client, submitted.json()["run"]["id"]
+
+
+def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Settings) -> None:
+    app = create_app(settings)
     on_loop = settings.resolved_database_url.startswith("sqlite")
 
     async def main() -> None:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://api",
-            headers={"Authorization": f"Bearer {secret}"},
-            timeout=30,
-        ) as client:
-            submitted = await client.post(
-                "/api/v1/experiments", content=SEED001, headers={"Content-Type": "application/yaml"}
-            )
-            assert submitted.status_code == 201, submitted.text
-            run_id = submitted.json()["run"]["id"]
+        async with _client_with_a_run(app) as (client, run_id):
             paths = [f"/api/v1/runs/{run_id}", "/api/v1/runs?limit=5"]
             before = [(await client.get(p)).json() for p in paths]  # the token is cached now
 
@@ -78,21 +87,9 @@ def test_concurrent_reads_keep_their_connections_instead_of_opening_new_ones(
     app = create_app(settings)
     opened: list[object] = []
     event.listen(app.state.engine, "connect", lambda dbapi_conn, record: opened.append(record))
-    with app.state.sessionmaker() as db:
-        secret = create_token(db=db, name="submitter", role="submitter")[1]
 
     async def main() -> list[int]:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://api",
-            headers={"Authorization": f"Bearer {secret}"},
-            timeout=30,
-        ) as client:
-            submitted = await client.post(
-                "/api/v1/experiments", content=SEED001, headers={"Content-Type": "application/yaml"}
-            )
-            assert submitted.status_code == 201, submitted.text
-            run_id = submitted.json()["run"]["id"]
+        async with _client_with_a_run(app) as (client, run_id):
             paths = [f"/api/v1/runs/{run_id}", "/api/v1/runs?limit=5"]
             statuses = []
             for _ in range(rounds):
