@@ -5,10 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
-
-from service.json_bounds import DETAILS, RESULT, BoundedProgress, bounded_extras, bounded_fields
-from worker.result import JobResult
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
 T = TypeVar("T")
 
@@ -138,157 +135,10 @@ class SubmitOut(BaseModel):
     audit_id: int | None = None  # with ?copies=N: the reproducibility audit of the N runs
 
 
-class _Input(BaseModel):
+class StrictInput(BaseModel):
     """A request body: unknown fields and wrong JSON types are refused, never coerced."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class RegisterIn(_Input):
-    name: PlainText = Field(min_length=1, max_length=200)
-    hostname: PlainText = Field(default="", max_length=200)
-    executors: list[str] = Field(default_factory=lambda: ["process"], max_length=8)
-    images: list[str] = Field(default_factory=list, max_length=1000)
-    gpu: PlainText | None = Field(default=None, max_length=200)
-    # GPUs the node counted; for a node without GPUs, the logical CPU devices it lets a job
-    # create. A run asking for N replicas goes only to a worker with N devices.
-    gpus: int | None = Field(default=None, ge=0, le=MAX_DEVICES)
-    cpu_devices: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
-
-
-class RegisterOut(BaseModel):
-    id: int
-    lease_seconds: float
-    heartbeat_seconds: float
-    devices: int = 1  # the replicas this worker can be given: its GPUs, else its CPU devices
-
-
-class WorkerOut(BaseModel):
-    """A registered worker and what it can run."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    name: str
-    hostname: str
-    executors: list[str]
-    images: list[str]
-    gpu: str | None
-    gpus: int
-    cpu_devices: int | None
-    devices: int
-    registered_at: UtcDatetime
-    last_seen_at: UtcDatetime
-
-
-class WorkerReport(_Input):
-    worker_id: Id
-
-
-class HeartbeatIn(WorkerReport):
-    progress: BoundedProgress | None = None
-
-
-class HeartbeatOut(BaseModel):
-    lease_expires_at: UtcDatetime
-
-
-def _storable(result: JobResult) -> JobResult:
-    # A real job never exceeds these; a report that does gets a 422, not a database error.
-    image = result.provenance.get("image") or {}
-    if not isinstance(image, dict):
-        raise ValueError("provenance.image must be a mapping")
-    texts = [
-        ("final_fingerprint", result.final_fingerprint, 100),
-        ("trace_granularity", result.trace_granularity, 40),
-        *((f"trace.{i}.fingerprint", p.fingerprint, 100) for i, p in enumerate(result.trace)),
-        # A rerun pins the image its run reported (a 500-character column).
-        *(
-            (f"provenance.image.{key}", image.get(key), 500)
-            for key in ("id", "digest", "reference")
-        ),
-    ]
-    if any(not isinstance(text, str | None) for _, text, _ in texts):
-        raise ValueError("provenance.image.id, .digest and .reference must be strings")
-    counts = [
-        (f"trace.{i}.{name}", value)
-        for i, p in enumerate(result.trace)
-        for name, value in (("epoch", p.epoch), ("step", p.step))
-    ]
-    problems = [
-        *(f"{loc} is longer than {n} characters" for loc, text, n in texts if len(text or "") > n),
-        *(f"{loc} contains a NUL character" for loc, text, _ in texts if "\x00" in (text or "")),
-        *(f"{loc} is not in [0, {MAX_ID}]" for loc, value in counts if not 0 <= value <= MAX_ID),
-    ]
-    if problems:
-        raise ValueError("; ".join(problems))
-    return result
-
-
-class CompleteIn(WorkerReport):
-    result: Annotated[
-        JobResult,
-        AfterValidator(_storable),
-        # The free-form parts of a result, stored and shown on the run's pages.
-        bounded_fields("spec", "provenance", "determinism", "metrics", bounds=RESULT),
-    ]
-
-
-class ErrorDoc(_Input):
-    model_config = ConfigDict(extra="allow")
-
-    type: str = Field(max_length=200)
-    message: str = Field(max_length=100_000)
-    traceback: str | None = Field(default=None, max_length=1_000_000)
-
-
-class FailIn(WorkerReport):
-    error: Annotated[ErrorDoc, bounded_extras(DETAILS)]
-
-
-class ReleaseIn(WorkerReport):
-    reason: str = Field(default="", max_length=1000)
-
-
-class CheckpointFile(BaseModel):
-    name: str
-    artifact_id: int
-    sha256: str
-    size: int
-
-
-class CheckpointOut(BaseModel):
-    """Where a claimed run resumes: an epoch-end or a mid-epoch step checkpoint."""
-
-    epoch: int  # epochs completed at the checkpoint
-    files: list[CheckpointFile]
-    step: int | None = None  # its global step (None only from a server that did not know it)
-    kind: Literal["epoch", "step"] = "epoch"
-
-
-class ClaimedRun(BaseModel):
-    id: int
-    experiment_id: int
-    spec: dict[str, Any]
-    attempt: int
-    image: str | None
-
-
-class LeaseOut(BaseModel):
-    expires_at: UtcDatetime
-    seconds: float
-
-
-class ClaimOut(BaseModel):
-    run: ClaimedRun
-    lease: LeaseOut
-    checkpoint: CheckpointOut | None
-    limits: dict[str, int] = Field(default_factory=dict)
-    # Job options beyond the spec: `trace_every_steps`, `until_epoch` (a re-trace).
-    job: dict[str, int] = Field(default_factory=dict)
-    # How the job records its environment: `key` (digests of values outside the numerics
-    # list) and `numeric_env_vars` (the operator's additions to that list).
-    provenance: dict[str, Any] = Field(default_factory=dict)
 
 
 class ArtifactOut(BaseModel):
@@ -303,7 +153,7 @@ class ArtifactOut(BaseModel):
     size: int
 
 
-class TokenIn(_Input):
+class TokenIn(StrictInput):
     name: PlainText = Field(min_length=1, max_length=200)
     role: Literal["admin", "submitter", "worker", "viewer"]
     expires_in_days: float | None = Field(default=None, gt=0, le=3650)
@@ -425,7 +275,7 @@ class ComparisonReport(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
-class RefineIn(_Input):
+class RefineIn(StrictInput):
     a: Id
     b: Id
 

@@ -19,7 +19,7 @@ from service.json_bounds import (
     exceeds_int_digits,
     json_problem,
 )
-from service.schemas import CompleteIn, FailIn, HeartbeatIn
+from service.worker_schemas import CompleteIn, FailIn, HeartbeatIn
 
 SMALL = JsonBounds(max_depth=3, max_values=10, max_bytes=100)
 

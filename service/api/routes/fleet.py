@@ -8,7 +8,7 @@ from service import queue
 from service.api.deps import ReadAccess, SessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.schemas import WorkerOut
+from service.worker_schemas import WorkerOut
 
 router = APIRouter(tags=["fleet"], route_class=JsonRoute)
 

@@ -31,9 +31,8 @@ from service.errors import CheckpointRefused, Forbidden
 from service.metrics import observe_claim
 from service.models import Run
 from service.provenance_key import claim_provenance
-from service.schemas import (
-    MAX_ID,
-    ArtifactOut,
+from service.schemas import MAX_ID, ArtifactOut, RunOut
+from service.worker_schemas import (
     CheckpointFile,
     CheckpointOut,
     ClaimedRun,
@@ -46,7 +45,6 @@ from service.schemas import (
     RegisterIn,
     RegisterOut,
     ReleaseIn,
-    RunOut,
 )
 
 router = APIRouter(tags=["workers"], route_class=JsonRoute)
