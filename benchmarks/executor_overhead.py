@@ -48,25 +48,11 @@ class Side:
 
 
 def _one_job(executor: Any, workdir: Path) -> dict[str, Any]:
-    from worker.node.executors.base import JobRequest
+    from tests.integration.jobs import job_request
     from worker.progress import parse_line
 
     shutil.rmtree(workdir, ignore_errors=True)
-    (workdir / "checkpoints").mkdir(parents=True)
-    spec_path = workdir / "spec.json"
-    spec_path.write_text(json.dumps(yaml.safe_load(SPEC.read_text())))
-    request = JobRequest(
-        run_id="bench",
-        attempt_dir=workdir,
-        spec_path=spec_path,
-        result_path=workdir / "result.json",
-        checkpoint_dir=workdir / "checkpoints",
-        resume=False,
-        max_model_parameters=None,
-        trace_every_steps=None,
-        until_epoch=None,
-        image=None,
-    )
+    request = job_request(workdir, yaml.safe_load(SPEC.read_text()), "bench", None)
     began = time.perf_counter()
     handle = executor.start(request)
     started = time.perf_counter() - began

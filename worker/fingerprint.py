@@ -383,16 +383,11 @@ def read_state(state: Sequence[tuple[str, _Variable]]) -> list[np.ndarray]:
         ]
         state._plan = _make_plan([a.nbytes for a in arrays])
         return arrays
-    direct = [i for i, h in enumerate(handles) if h is not None]
-    together = _read_all([h for h in handles if h is not None])
-    if together is None:
-        return [
-            np.asarray(reader(resource=h[0], dtype=h[1]))
-            if h is not None
-            else _read_variable(v, reader)
-            for h, (_, v) in zip(handles, state, strict=True)
-        ]
-    read: dict[int, np.ndarray] = dict(zip(direct, together, strict=True))
+    direct = [(i, h) for i, h in enumerate(handles) if h is not None]
+    together = _read_all([h for _, h in direct])
+    if together is None:  # one op each, through the handles found at the first read
+        together = [np.asarray(reader(resource=h[0], dtype=h[1])) for _, h in direct]
+    read = {i: array for (i, _), array in zip(direct, together, strict=True)}
     return [read[i] if i in read else _read_variable(v, reader) for i, (_, v) in enumerate(state)]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.node.executors.base import JobRequest
 from worker.progress import parse_line
 from worker.result import JobResult, read_result
 
@@ -37,6 +38,26 @@ def write_spec(spec: dict[str, Any] | str, directory: Path, name: str = "spec.js
     path = directory / name
     path.write_text(spec if isinstance(spec, str) else json.dumps(spec))
     return path
+
+
+def job_request(
+    attempt_dir: Path, spec: dict[str, Any], run_id: str, image: str | None, **more: Any
+) -> JobRequest:
+    """A job laid out as an agent lays out a claimed run: the spec in `attempt_dir`."""
+    (attempt_dir / "checkpoints").mkdir(parents=True)
+    return JobRequest(
+        run_id=run_id,
+        attempt_dir=attempt_dir,
+        spec_path=write_spec(spec, attempt_dir),
+        result_path=attempt_dir / "result.json",
+        checkpoint_dir=attempt_dir / "checkpoints",
+        resume=False,
+        max_model_parameters=None,
+        trace_every_steps=None,
+        until_epoch=None,
+        image=image,
+        **more,
+    )
 
 
 def run_job(

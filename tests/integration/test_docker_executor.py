@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.jobs import job_env
+from tests.integration.jobs import job_env, job_request
 from tests.integration.service_procs import Service, _cli
-from worker.node.executors.base import JobRequest
 
 docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
 
@@ -190,27 +189,6 @@ def wait_for(service: Service, run_id: int, check: Any, timeout: float = 180) ->
 
 def run_containers(engine: Any, run_id: int) -> list[Any]:
     return list(engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}))
-
-
-def job_request(
-    attempt_dir: Path, spec: dict[str, Any], run_id: str, image: str | None, **more: Any
-) -> JobRequest:
-    """A job laid out as an agent lays out a claimed run: the spec in `attempt_dir`."""
-    (attempt_dir / "checkpoints").mkdir(parents=True)
-    (attempt_dir / "spec.json").write_text(json.dumps(spec))
-    return JobRequest(
-        run_id=run_id,
-        attempt_dir=attempt_dir,
-        spec_path=attempt_dir / "spec.json",
-        result_path=attempt_dir / "result.json",
-        checkpoint_dir=attempt_dir / "checkpoints",
-        resume=False,
-        max_model_parameters=None,
-        trace_every_steps=None,
-        until_epoch=None,
-        image=image,
-        **more,
-    )
 
 
 def test_container_job_equals_process_job_and_its_image_is_provenance(
