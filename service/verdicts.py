@@ -70,7 +70,8 @@ def family_references(db: Session, families: set[int]) -> dict[int, int]:
     """The reference run of each of these families that has one, by family id."""
     if not families:
         return {}
-    found = db.execute(_heads_query(False), {"families": sorted(families)})
+    # Core rows from the session's connection: no ORM result handling for two columns.
+    found = db.connection().execute(_heads_query(False), {"families": sorted(families)}).all()
     return {family: first for family, first in found if first is not None}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Select, bindparam, exists, func, select
+from sqlalchemy import DateTime, Select, String, bindparam, exists, func, select, type_coerce
 from sqlalchemy.orm import Session, aliased
 
 from service.api.views import out_columns, out_rows
@@ -99,18 +99,26 @@ def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Sel
 
 @cache
 def _page_query(
-    status: bool, experiment: bool, verdict: str | None, after_cursor: bool
+    status: bool, experiment: bool, verdict: str | None, after_cursor: bool, text_times: bool
 ) -> Select[Any]:
     """The statement of a page for this shape of filters, built once (building one costs
     more than running it): the filter values, the cursor's id, offset and limit are bound
-    when it runs."""
+    when it runs. With `text_times` (SQLite, which stores datetimes as ISO text) the
+    datetime columns come back as that text: the page's validation parses it, where the
+    driver's conversion to datetime objects took a regex match per value."""
     shape = RunFilters(
         kind=bindparam("kind"),  # type: ignore[arg-type]
         status=bindparam("status") if status else None,  # type: ignore[arg-type]
         experiment_id=bindparam("experiment_id") if experiment else None,  # type: ignore[arg-type]
         verdict=verdict,
     )
-    query = _filtered(select(*out_columns()), shape, verdicts=True)
+    columns = out_columns()
+    if text_times:
+        columns = tuple(
+            type_coerce(c, String).label(c.key) if isinstance(c.type, DateTime) else c
+            for c in columns
+        )
+    query = _filtered(select(*columns), shape, verdicts=True)
     if after_cursor:
         query = query.where(Run.id < bindparam("before"))
     return query.order_by(Run.id.desc()).offset(bindparam("offset")).limit(bindparam("limit"))
@@ -131,6 +139,7 @@ def list_runs(
         filters.experiment_id is not None,
         filters.verdict,
         cursor is not None,
+        db.get_bind().dialect.name == "sqlite",
     )
     values: dict[str, Any] = {"kind": filters.kind, "offset": offset, "limit": limit + 1}
     if filters.status is not None:
@@ -142,7 +151,7 @@ def list_runs(
     # Core rows, not ORM entities: a list shows columns only.
     result = db.connection().execute(query, values)
     keys = tuple(result.keys())
-    rows = [dict(zip(keys, row, strict=True)) for row in result]
+    rows = [dict(zip(keys, row, strict=True)) for row in result.all()]
     more = len(rows) > limit
     rows = rows[:limit]
     total = None

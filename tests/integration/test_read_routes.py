@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
 
 import anyio.to_thread
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import event
+from sqlalchemy import event, update
 
 from service.app import create_app
 from service.auth import create_token
 from service.config import Settings
+from service.models import Run
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
@@ -106,3 +109,34 @@ def test_concurrent_reads_keep_their_connections_instead_of_opening_new_ones(
     assert statuses == [200] * (in_flight * rounds)
     # At most one per request in flight (the submission's is among them); at least one.
     assert 1 <= len(opened) <= in_flight, f"{len(opened)} connections opened for {in_flight}"
+
+
+def test_a_page_shows_a_runs_times_as_its_detail_does(settings: Settings) -> None:
+    """A page reads a run's columns without the ORM (on SQLite its datetimes as the stored
+    text); every field it shows equals the detail's, times to the microsecond, with a `Z`."""
+    app = create_app(settings)
+    times = {
+        "started_at": datetime(2026, 1, 2, 3, 4, 5),  # no fraction: written without one
+        "finished_at": datetime(2026, 1, 2, 3, 4, 6, 7),
+        "lease_expires_at": datetime(2026, 12, 31, 23, 59, 59, 999999),
+    }
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with _client_with_a_run(app) as (client, run_id):
+            with app.state.sessionmaker() as db:
+                db.execute(update(Run).where(Run.id == run_id).values(**times))
+                db.commit()
+            detail = (await client.get(f"/api/v1/runs/{run_id}")).json()
+            page = (await client.get("/api/v1/runs?limit=5")).json()
+        [item] = [i for i in page["items"] if i["id"] == run_id]
+        return item, detail
+
+    try:
+        item, detail = asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
+    assert item["started_at"] == "2026-01-02T03:04:05Z"
+    assert item["finished_at"] == "2026-01-02T03:04:06.000007Z"
+    assert item["lease_expires_at"] == "2026-12-31T23:59:59.999999Z"
+    assert item["created_at"].endswith("Z")
+    assert item == {key: detail[key] for key in item}
