@@ -70,7 +70,10 @@ def family_references(db: Session, families: set[int]) -> dict[int, int]:
     """The reference run of each of these families that has one, by family id."""
     if not families:
         return {}
-    # Core rows from the session's connection: no ORM result handling for two columns.
+    # Core rows from the session's connection: no ORM result handling for two columns. That
+    # path does not flush pending changes by itself, so they are flushed first, as
+    # `db.execute` would (a no-op with none, as on every read path).
+    db.flush()
     found = db.connection().execute(_heads_query(False), {"families": sorted(families)}).all()
     return {family: first for family, first in found if first is not None}
 
