@@ -65,7 +65,7 @@ def build_state(width: int) -> tuple[list[tuple[str, Any]], int]:
     import keras
     import numpy as np
 
-    from worker.fingerprint import training_state
+    from worker.variable_reads import training_state
 
     keras.backend.clear_session()  # let the previous size's variables go
     keras.utils.set_random_seed(0)
@@ -117,7 +117,8 @@ def gap_cause(measured: Timed, baseline: Timed, reads: Timed, raw_tf: Timed, cou
 
 
 def measure_size(size: Size, *, min_clean: int) -> list[Row]:
-    from worker.fingerprint import fingerprint_arrays, fingerprint_state, read_state
+    from worker.fingerprint import fingerprint_arrays, fingerprint_state
+    from worker.variable_reads import read_state
 
     state, weights = build_state(width_for(size.weights_bytes))
     # `.numpy()` copies: the baseline hashes NumPy-owned memory holding the same bytes.

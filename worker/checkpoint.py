@@ -23,8 +23,9 @@ import numpy as np
 
 from worker.durable import fsync_path
 from worker.errors import CheckpointError, CheckpointRefused
-from worker.fingerprint import DEFAULT_ALGORITHM, StateFingerprint, fingerprint_arrays, read_state
+from worker.fingerprint import DEFAULT_ALGORITHM, StateFingerprint, fingerprint_arrays
 from worker.npz_reader import Member, inspect_npz, iter_arrays
+from worker.variable_reads import read_state
 
 _NAME = re.compile(r"^(?:epoch-(\d{6})|step-(\d{9}))\.json$")
 # A checkpoint's JSON holds its manifest and the trace so far; far below this in practice.

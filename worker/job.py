@@ -15,7 +15,7 @@ from worker import determinism, registry
 from worker.batch_source import BatchSource, DataInfo
 from worker.distribution import Placement
 from worker.errors import ArchitectureError, GeneratorError
-from worker.fingerprint import fingerprint_state, training_state
+from worker.fingerprint import fingerprint_state
 from worker.job_data import build_job_data
 from worker.mirrored_steps import MirroredSteps
 from worker.model_size import check_parameter_limit
@@ -25,6 +25,7 @@ from worker.stateless_dataset import StatelessRngDataset, stateful_random_ops_in
 from worker.step_loop import MultiStep
 from worker.step_loop import xy as _xy
 from worker.trace import PointKind, TracePoint
+from worker.variable_reads import training_state
 
 
 def _data_info(data: StatelessRngDataset, source: BatchSource) -> DataInfo:

@@ -19,9 +19,10 @@ import tensorflow as tf
 from worker import determinism
 from worker.checkpoint import Syncer, save_checkpoint, step_stem
 from worker.errors import CheckpointError
-from worker.fingerprint import fingerprint_arrays, read_state
+from worker.fingerprint import fingerprint_arrays
 from worker.stateless_dataset import StatelessRngDataset
 from worker.trace import TracePoint
+from worker.variable_reads import read_state
 
 
 def epoch_dataset(data: StatelessRngDataset, epoch: int, first_batch: int) -> tf.data.Dataset:

@@ -15,8 +15,9 @@ from sklearn.datasets import load_digits
 
 from tests.integration.jobs import Finished, run_job
 from worker.dataset_format import file_digest
-from worker.fingerprint import fingerprint_state, training_state
+from worker.fingerprint import fingerprint_state
 from worker.spec import ExperimentSpec
+from worker.variable_reads import training_state
 from worker.verdict import build_report, record_from_result
 
 EPOCHS = 10

@@ -9,18 +9,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from worker import fingerprint, registry
+from worker import fingerprint, registry, variable_reads
 from worker.fingerprint import (
     StateFingerprint,
-    TrainingState,
     combine,
     fingerprint_arrays,
     fingerprint_state,
-    training_state,
     variable_digest,
 )
 from worker.job import Job
 from worker.spec import parse_spec
+from worker.variable_reads import TrainingState, training_state
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool"])
@@ -81,12 +80,12 @@ def test_from_its_second_read_on_a_training_state_is_read_by_one_op_as_snapshots
         (f"v/{dtype}", tf.Variable(tf.cast(tf.reshape(tf.range(12), [3, 4]) % 3, dtype)))
         for dtype in dtypes
     )
-    fingerprint.read_state(state)  # the first read finds the handles
+    variable_reads.read_state(state)  # the first read finds the handles
     assert state._handles is not None and all(h is not None for h in state._handles)
-    together = fingerprint._read_all([h for h in state._handles if h is not None])
+    together = variable_reads._read_all([h for h in state._handles if h is not None])
     assert together is not None
     copies = [np.array(v.numpy()) for _, v in state]
-    for read in (together, fingerprint.read_state(state)):
+    for read in (together, variable_reads.read_state(state)):
         assert [a.dtype for a in read] == [c.dtype for c in copies]
         assert all(np.array_equal(a, c) for a, c in zip(read, copies, strict=True))
     for (_, variable), dtype in zip(state, dtypes, strict=True):

@@ -12,9 +12,9 @@ from worker.fingerprint import (
     StreamDigest,
     combine,
     fingerprint_arrays,
-    unique_paths,
     variable_digest,
 )
+from worker.variable_reads import unique_paths
 
 
 def test_variable_digest_follows_the_documented_format() -> None:
