@@ -14,7 +14,7 @@ from service.auth import FailureLimiter
 from service.bell import app_bells
 from service.config import Settings, get_settings
 from service.dashboard import install_dashboard
-from service.db import make_engine, make_sessionmaker
+from service.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from service.metrics import RequestTimer, make_registry
 from service.token_cache import TokenCache
 
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.queue_bell, app.state.runs_bell = app_bells()
     app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))
+    app.state.read_sessionmaker = make_read_sessionmaker(engine)
     app.state.auth_failures = FailureLimiter(
         settings.auth_failures_allowed, settings.auth_failure_window_seconds
     )

@@ -61,6 +61,28 @@ def make_engine(
     return create_engine(url, pool_pre_ping=True, **pool)
 
 
+def _refuse_writes(session: Session, flush_context: Any, instances: Any) -> None:
+    raise RuntimeError("a read session does not write: use the app's sessionmaker")
+
+
+def make_read_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Sessions for work that only reads; a flush with changes raises instead of writing.
+
+    On PostgreSQL their connections run in autocommit. A read then needs no BEGIN and no
+    ROLLBACK, and above all no ROLLBACK: psycopg forgets the statements it has prepared on a
+    connection at every rollback, so reads that end in one are parsed and planned anew each
+    time, however often they repeat. In autocommit a hot read's statements are prepared
+    after a few uses and then only executed. Under PostgreSQL's READ COMMITTED each
+    statement reads its own snapshot inside a transaction too, so what a read sees is the
+    same. SQLite keeps its usual transactions (a read there takes one snapshot).
+    """
+    if engine.dialect.name == "postgresql":
+        engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    maker = sessionmaker(engine, expire_on_commit=False)
+    event.listen(maker, "before_flush", _refuse_writes)
+    return maker
+
+
 def make_sessionmaker(
     engine: Engine, bells: tuple[Bell, Bell] | None = None
 ) -> sessionmaker[Session]:

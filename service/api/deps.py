@@ -24,22 +24,31 @@ def get_db(request: Request) -> Iterator[Session]:
         yield session
 
 
+def get_read_db(request: Request) -> Iterator[Session]:
+    """A read-only session per request (see service.db.make_read_sessionmaker), closed
+    afterwards: for routes that only read."""
+    with request.app.state.read_sessionmaker() as session:
+        yield session
+
+
 async def get_app_settings(request: Request) -> Settings:
     """The settings the app was created with."""
     settings: Settings = request.app.state.settings
     return settings
 
 
-async def get_sessionmaker(request: Request) -> sessionmaker[Session]:
-    """The app's session factory, for a sync route that opens and closes its session itself:
-    all its database work then takes one thread-pool round trip, where `SessionDep` takes
-    two more (to open and to close the session) on top of the route's own."""
-    maker: sessionmaker[Session] = request.app.state.sessionmaker
+async def get_read_sessionmaker(request: Request) -> sessionmaker[Session]:
+    """The factory of read-only sessions (see service.db.make_read_sessionmaker), for a sync
+    read that opens and closes its session itself: all its database work then takes one
+    thread-pool round trip, where `SessionDep` takes two more (to open and to close the
+    session) on top of the route's own."""
+    maker: sessionmaker[Session] = request.app.state.read_sessionmaker
     return maker
 
 
 SessionDep = Annotated[Session, Depends(get_db)]
-Sessions = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
+ReadSessionDep = Annotated[Session, Depends(get_read_db)]
+ReadSessions = Annotated[sessionmaker[Session], Depends(get_read_sessionmaker)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 # Ids and offsets within what the database stores (422 beyond, never a crash).
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]

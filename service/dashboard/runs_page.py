@@ -163,7 +163,7 @@ def export(
     db.close()  # the stream reads with its own session, in the thread pool
 
     def rows() -> Iterator[run_rows.RunRow]:
-        with request.app.state.sessionmaker() as session:
+        with request.app.state.read_sessionmaker() as session:
             yield from run_rows.iterate(session, filters)
 
     body = _csv(rows()) if fmt == "csv" else _json(rows())

@@ -8,18 +8,20 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import event, update
+from sqlalchemy import event, select, text, update
 
 from service.app import create_app
 from service.auth import create_token
 from service.config import Settings
-from service.models import Run
+from service.migrate import upgrade
+from service.models import ApiToken, Run
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
@@ -140,3 +142,46 @@ def test_a_page_shows_a_runs_times_as_its_detail_does(settings: Settings) -> Non
     assert item["lease_expires_at"] == "2026-12-31T23:59:59.999999Z"
     assert item["created_at"].endswith("Z")
     assert item == {key: detail[key] for key in item}
+
+
+def test_a_read_session_refuses_to_write(settings: Settings) -> None:
+    """The routes that only read get sessions that raise at a flush with changes, before
+    anything reaches the database, instead of writing (piecemeal, on PostgreSQL, where
+    they run in autocommit)."""
+    app = create_app(settings)
+    try:
+        with app.state.read_sessionmaker() as db, pytest.raises(RuntimeError, match="not write"):
+            create_token(db=db, name="through-a-read", role="viewer")
+        with app.state.sessionmaker() as db:
+            assert db.scalars(select(ApiToken.name)).all() == []
+    finally:
+        app.state.engine.dispose()
+
+
+def test_repeated_reads_run_as_prepared_statements_on_postgresql(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """psycopg forgets a connection's prepared statements at every rollback, and every read
+    used to end in one, so PostgreSQL parsed and planned each statement of each read anew.
+    The read routes now read in autocommit: on a pool of one connection, after a few
+    details and pages their statements are prepared on it."""
+    settings = Settings(
+        data_dir=tmp_path / "data", database_url=postgres_url, db_pool_size=1, db_max_overflow=0
+    )
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+
+    async def main() -> None:
+        async with _client_with_a_run(app) as (client, run_id):
+            for _ in range(8):
+                assert (await client.get(f"/api/v1/runs/{run_id}")).status_code == 200
+                assert (await client.get("/api/v1/runs?limit=5")).status_code == 200
+
+    try:
+        asyncio.run(main())
+        with app.state.read_sessionmaker() as db:
+            prepared = db.scalars(text("SELECT statement FROM pg_prepared_statements")).all()
+    finally:
+        app.state.engine.dispose()
+    assert any("FROM trace_points" in s for s in prepared), prepared  # the detail's trace
+    assert any("LIMIT" in s and "FROM runs" in s for s in prepared), prepared  # a page

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
 from service import auth
-from service.api.deps import AdminAccess, IdPath, Offset, SessionDep
+from service.api.deps import AdminAccess, IdPath, Offset, ReadSessionDep, SessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.models import ApiToken, AuditEvent
@@ -29,7 +29,7 @@ def create_token(body: TokenIn, db: SessionDep, admin: AdminAccess) -> TokenCrea
 
 
 @router.get("/tokens", response_model=list[TokenOut])
-def list_tokens(db: SessionDep, admin: AdminAccess) -> list[TokenOut]:
+def list_tokens(db: ReadSessionDep, admin: AdminAccess) -> list[TokenOut]:
     """Every token (never their secrets)."""
     return [TokenOut.model_validate(t) for t in db.scalars(select(ApiToken).order_by(ApiToken.id))]
 
@@ -42,7 +42,7 @@ def revoke_token(token_id: IdPath, db: SessionDep, admin: AdminAccess) -> TokenO
 
 @router.get("/audit", response_model=Page[AuditOut], responses=errors(422))
 def audit_log(
-    db: SessionDep,
+    db: ReadSessionDep,
     admin: AdminAccess,
     action: Annotated[PlainText | None, Query(max_length=40)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,

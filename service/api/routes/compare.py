@@ -7,7 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from service import comparisons, repro_audits
-from service.api.deps import IdPath, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from service.api.deps import (
+    IdPath,
+    ReadAccess,
+    ReadSessionDep,
+    SessionDep,
+    SettingsDep,
+    SubmitAccess,
+)
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.schemas import MAX_ID, ComparisonReport, RefineIn, RefinementOut, ReproAuditOut
@@ -51,6 +58,6 @@ def refinement(refinement_id: IdPath, db: SessionDep, _: ReadAccess) -> Refineme
 
 
 @router.get("/repro-audits/{audit_id}", response_model=ReproAuditOut, responses=errors(404, 422))
-def repro_audit(audit_id: IdPath, db: SessionDep, _: ReadAccess) -> ReproAuditOut:
+def repro_audit(audit_id: IdPath, db: ReadSessionDep, _: ReadAccess) -> ReproAuditOut:
     """A reproducibility audit (submitted with `?copies=N`): its copies and whether all agree."""
     return ReproAuditOut.model_validate(repro_audits.audit_view(db, audit_id))

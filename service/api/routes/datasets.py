@@ -11,7 +11,15 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import datasets
-from service.api.deps import AnyRole, Offset, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from service.api.deps import (
+    AnyRole,
+    Offset,
+    ReadAccess,
+    ReadSessionDep,
+    SessionDep,
+    SettingsDep,
+    SubmitAccess,
+)
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.errors import Forbidden
@@ -116,7 +124,7 @@ async def push(
 
 @router.get("", response_model=Page[DatasetOut], responses=errors(422))
 def list_datasets(
-    db: SessionDep,
+    db: ReadSessionDep,
     _: ReadAccess,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
@@ -129,14 +137,14 @@ def list_datasets(
 
 
 @router.get("/{digest}", response_model=DatasetDetail, responses=errors(404, 422))
-def show(digest: DigestPath, db: SessionDep, _: ReadAccess) -> DatasetDetail:
+def show(digest: DigestPath, db: ReadSessionDep, _: ReadAccess) -> DatasetDetail:
     """One dataset: name, size, format, arrays with shapes and dtypes, who pushed it, and
     which runs trained on it."""
     return _detail(db, datasets.get(db, digest))
 
 
 @router.get("/{digest}/content", response_class=FileResponse, responses=errors(403, 404, 422))
-def content(digest: DigestPath, db: SessionDep, principal: AnyRole) -> FileResponse:
+def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
     """The dataset's bytes (`X-Content-SHA256` says their digest). Readers may download any;
     a worker token only those of runs one of its workers holds."""
     dataset = datasets.get(db, digest)

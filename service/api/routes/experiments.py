@@ -8,7 +8,15 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from sqlalchemy import func, select
 
 from service import experiments as svc
-from service.api.deps import IdPath, Offset, ReadAccess, SessionDep, SettingsDep, SubmitAccess
+from service.api.deps import (
+    IdPath,
+    Offset,
+    ReadAccess,
+    ReadSessionDep,
+    SessionDep,
+    SettingsDep,
+    SubmitAccess,
+)
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
@@ -100,7 +108,7 @@ def submit(
 
 @router.get("", response_model=Page[ExperimentOut], responses=errors(422))
 def list_experiments(
-    db: SessionDep,
+    db: ReadSessionDep,
     _: ReadAccess,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
@@ -117,6 +125,6 @@ def list_experiments(
 
 
 @router.get("/{experiment_id}", response_model=ExperimentOut, responses=errors(404, 422))
-def get_experiment(experiment_id: IdPath, db: SessionDep, _: ReadAccess) -> ExperimentOut:
+def get_experiment(experiment_id: IdPath, db: ReadSessionDep, _: ReadAccess) -> ExperimentOut:
     """One experiment."""
     return ExperimentOut.model_validate(svc.get_experiment(db, experiment_id))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service import queue
-from service.api.deps import ReadAccess, SessionDep
+from service.api.deps import ReadAccess, ReadSessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.worker_schemas import WorkerOut
@@ -14,7 +14,7 @@ router = APIRouter(tags=["fleet"], route_class=JsonRoute)
 
 
 @router.get("/workers", response_model=list[WorkerOut], responses=errors(422))
-def list_workers(db: SessionDep, _: ReadAccess) -> list[WorkerOut]:
+def list_workers(db: ReadSessionDep, _: ReadAccess) -> list[WorkerOut]:
     """Registered workers, most recently seen first, with their images and devices.
 
     `devices` is the most replicas a run may ask of the worker: its GPUs, or for a worker

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import text
 
-from service.api.deps import SessionDep
+from service.api.deps import ReadSessionDep
 
 router = APIRouter(tags=["health"])
 
@@ -17,7 +17,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz(db: SessionDep) -> dict[str, str]:
+def readyz(db: ReadSessionDep) -> dict[str, str]:
     """The database answers."""
     db.execute(text("SELECT 1"))
     return {"status": "ready"}

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import AnyRole, SessionDep, principal_of
+from service.api.deps import AnyRole, ReadSessionDep, principal_of
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.auth import GRANTS
@@ -54,7 +54,7 @@ class QueueStats(BaseModel):
 
 
 @router.get("/queue/stats", response_model=QueueStats, responses=errors(422))
-def queue_stats(db: SessionDep, principal: AnyRole) -> QueueStats:
+def queue_stats(db: ReadSessionDep, principal: AnyRole) -> QueueStats:
     """Runs queued and running, per required image and worker (read or work role).
 
     Scale workers on queued + running, so busy workers are not scaled away."""

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from service import experiments as svc
-from service.api.deps import IdPath, ReadAccess, SessionDep
+from service.api.deps import IdPath, ReadAccess, ReadSessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.models import Artifact
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
 
 @router.get("/{run_id}/artifacts", response_model=list[RunArtifact], responses=errors(404, 422))
-def list_artifacts(run_id: IdPath, db: SessionDep, _: ReadAccess) -> list[RunArtifact]:
+def list_artifacts(run_id: IdPath, db: ReadSessionDep, _: ReadAccess) -> list[RunArtifact]:
     """The files uploaded for a run, by kind: `model` (the final model in Keras's `.keras`
     format, for a succeeded run), `checkpoint`, `weights`, `log`."""
     run = svc.get_run(db, run_id)

@@ -18,8 +18,8 @@ from service.api.deps import (
     IdPath,
     Offset,
     ReadAccess,
+    ReadSessions,
     SessionDep,
-    Sessions,
     SettingsDep,
     SubmitAccess,
     WaitingReadAccess,
@@ -64,7 +64,7 @@ Cursor = Annotated[
 @router.get("", response_model=RunPage, responses=errors(422))
 async def list_runs(
     request: Request,
-    sessions: Sessions,
+    sessions: ReadSessions,
     _: ReadAccess,
     status: Status | None = None,
     experiment_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
@@ -98,7 +98,7 @@ async def list_runs(
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
 async def get_run(
-    request: Request, run_id: IdPath, sessions: Sessions, settings: SettingsDep, _: ReadAccess
+    request: Request, run_id: IdPath, sessions: ReadSessions, settings: SettingsDep, _: ReadAccess
 ) -> Response:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
 
@@ -132,7 +132,7 @@ def _watcher(request: Request) -> RunWatcher:
     if getattr(state, "run_watcher", None) is None:
         settings: Settings = state.settings
         state.run_watcher = RunWatcher(
-            sessionmaker=state.sessionmaker,
+            sessionmaker=state.read_sessionmaker,
             bell=state.runs_bell,
             max_streams=settings.max_event_streams,
             recheck_seconds=_EVENTS_RECHECK_SECONDS,

@@ -16,6 +16,7 @@ from service import artifacts, queue, resume_points, verification, worker_identi
 from service.api.deps import (
     AnyRole,
     IdPath,
+    ReadSessionDep,
     SessionDep,
     SettingsDep,
     WaitingWorkAccess,
@@ -189,7 +190,7 @@ def _claim_waits(request: Request) -> ClaimWaits:
     if getattr(state, "claim_waits", None) is None:
         settings: Settings = state.settings
         state.claim_waits = ClaimWaits(
-            sessionmaker=state.sessionmaker,
+            sessionmaker=state.read_sessionmaker,
             bell=state.queue_bell,
             max_waiting=settings.max_waiting_claims,
             recheck_seconds=_RECHECK_SECONDS,
@@ -328,7 +329,7 @@ async def upload_artifact(
 
 
 @router.get("/artifacts/{artifact_id}", response_class=FileResponse, responses=errors(404, 422))
-def download_artifact(artifact_id: IdPath, db: SessionDep, principal: AnyRole) -> FileResponse:
+def download_artifact(artifact_id: IdPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
     """The bytes of an artifact (a worker only gets those of runs it holds)."""
     art = artifacts.get_artifact(db, artifact_id)
     if principal.role == "worker":
