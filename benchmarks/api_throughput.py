@@ -34,7 +34,7 @@ from benchmarks.load_api import (
 )
 from benchmarks.rounds import progress
 from benchmarks.rows import Row
-from benchmarks.servers import DATABASE_NAMES, DATABASES, Server, api_server
+from benchmarks.servers import DATABASE_NAMES, DATABASES, Server, api_server, tree_cpu_seconds
 
 RUNS = 10_000
 CONCURRENCY = 16
@@ -153,7 +153,8 @@ def claim_process(plan: ClaimPlan, start: Any, results: Any) -> None:
 
 def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) -> Any:
     """The figures of one endpoint's load; `server_cpu_ms` is the server process's CPU time
-    per answered request (user + system), which says where a low rate comes from."""
+    per answered request (user + system), which says where a low rate comes from, and
+    `database_cpu_ms` PostgreSQL's, which shares the machine."""
     plans = [
         Plan(
             **plan_base,
@@ -166,9 +167,12 @@ def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) 
         for i, threads in enumerate(split_threads(CONCURRENCY, PROCESSES))
     ]
     pid = server.service.proc.pid
+    db_pid = server.database_pid
+    db_before = None if db_pid is None else tree_cpu_seconds(db_pid)
     cpu_before = cpu_seconds(pid)
     outcomes = run_load(plans, timeout=seconds + REQUEST_TIMEOUT + 120)
     cpu_after = cpu_seconds(pid)
+    db_after = None if db_pid is None else tree_cpu_seconds(db_pid)
     elapsed = max(o.elapsed for o in outcomes)
     records = [r for o in outcomes for r in o.records]
     result = figures(kind, records, elapsed)
@@ -177,6 +181,8 @@ def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) 
         progress(f"  {kind}: {result.errors} failed requests, e.g. {errors[:2]}")
     if cpu_before is not None and cpu_after is not None and records:
         result.server_cpu_ms = (cpu_after - cpu_before) / len(records) * 1000
+    if db_before is not None and db_after is not None and records:
+        result.database_cpu_ms = (db_after - db_before) / len(records) * 1000
     return result
 
 
@@ -193,14 +199,19 @@ def _cause(got: Any, floor: Any, database: str) -> str:
     if got.server_cpu_ms is None or floor.server_cpu_ms is None:
         return "server CPU time not measurable here"
     share = floor.server_cpu_ms / got.server_cpu_ms
+    own = (
+        ""
+        if got.database_cpu_ms is None
+        else f"; PostgreSQL, on the same cores, spends {got.database_cpu_ms:.2f} ms a request"
+    )
     return (
         f"the server spends {got.server_cpu_ms:.2f} ms of CPU per request against "
         f"{floor.server_cpu_ms:.2f} ms for /healthz (one interpreter: at most "
         f"{share:.2f} of its rate when the server is the bottleneck); the rest is the "
-        "machine's other load during this row"
+        f"machine's other load during this row{own}"
         if share >= TARGETS[got.kind]
         else f"the server spends {got.server_cpu_ms:.2f} ms of CPU per request against "
-        f"{floor.server_cpu_ms:.2f} ms for /healthz: {where}"
+        f"{floor.server_cpu_ms:.2f} ms for /healthz: {where}{own}"
     )
 
 
@@ -279,6 +290,7 @@ def measure_database(database: str, budget: Budget) -> list[Row]:
                         "kind": kind,
                         "server_cpu_ms": got.server_cpu_ms,
                         "baseline_server_cpu_ms": floor.server_cpu_ms,
+                        "database_cpu_ms": got.database_cpu_ms,
                         "p50_ms": got.p50_ms,
                         "p99_ms": got.p99_ms,
                         "errors": got.errors,

@@ -28,10 +28,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.rounds import Timed, noisy, progress, time_round_robin
 from benchmarks.rows import Row, write_json
+
+if TYPE_CHECKING:
+    from worker.variable_reads import TrainingState
 
 TARGET = 0.8
 DEPTH = 4
@@ -60,8 +63,8 @@ def width_for(weights_bytes: int) -> int:
     return max(8, round(math.sqrt(weights_bytes / (4 * DEPTH))))
 
 
-def build_state(width: int) -> tuple[list[tuple[str, Any]], int]:
-    """An MLP with a built Adam optimizer: (training_state entries, bytes of model weights)."""
+def build_state(width: int) -> tuple[TrainingState, int]:
+    """An MLP with a built Adam optimizer: (its training state, bytes of model weights)."""
     import keras
     import numpy as np
 

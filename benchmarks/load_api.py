@@ -214,6 +214,7 @@ class Figures:
     p99_ms: float
     max_ms: float
     server_cpu_ms: float | None = None  # the server's CPU time per request, when measured
+    database_cpu_ms: float | None = None  # a PostgreSQL server's (every backend), likewise
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

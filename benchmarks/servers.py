@@ -6,6 +6,7 @@ Everything listens on 127.0.0.1 only and is stopped, and its directory deleted, 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ class Server:
     database: str  # "sqlite" or "postgresql"
     database_url: str  # for filling the database directly
     workdir: Path
+    database_pid: int | None = None  # a PostgreSQL server's postmaster
 
     @property
     def url(self) -> str:
@@ -58,9 +60,14 @@ def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
     with ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-api-")))
+        database_pid = None
         if database == "postgresql":
             postgres = stack.enter_context(PostgresServer())
             database_url = postgres.create_database("bench")
+            with postgres.connect_admin() as admin:
+                row = admin.execute("SELECT pg_backend_pid()").fetchone()
+            backend = row[0] if row else None
+            database_pid = _parent_pid(backend) if isinstance(backend, int) else None
         elif database == "sqlite":
             database_url = f"sqlite:///{workdir / 'bench.db'}"
         else:
@@ -68,7 +75,31 @@ def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
         service = Service(workdir / "data", database_url=database_url, extra=("--no-demo",))
         stack.callback(service.stop)
         service.wait_ready()
-        yield Server(service, database, database_url, workdir)
+        yield Server(service, database, database_url, workdir, database_pid)
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) of a process and of its children, live and ended (Linux):
+    for a PostgreSQL postmaster, the work of every backend."""
+    ticks, found = 0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if stat.parent.name == str(pid):  # itself, and the children it has reaped
+            ticks += sum(int(f) for f in fields[11:15])
+            found = True
+        elif fields[1] == str(pid):  # a live child
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
 
 
 @contextmanager
