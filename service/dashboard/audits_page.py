@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from service import repro_audits
-from service.api.deps import IdPath, SessionDep
+from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard.web import PageRoute, ViewerDep, render
 
 router = APIRouter(route_class=PageRoute)
@@ -15,7 +15,7 @@ router = APIRouter(route_class=PageRoute)
 
 @router.get("/audits/{audit_id}", response_class=HTMLResponse)
 def audit_page(
-    request: Request, audit_id: IdPath, viewer: ViewerDep, db: SessionDep
+    request: Request, audit_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
 ) -> HTMLResponse:
     """An audit's copies and their agreement."""
     view = repro_audits.audit_view(db, audit_id)

@@ -9,7 +9,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
 from service import experiments as svc
-from service.api.deps import IdPath, SessionDep
+from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import provenance_view, run_rows
 from service.dashboard.experiment_page import family_view, spec_yaml
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
@@ -26,7 +26,7 @@ CERTIFICATE_CSP = (
 
 @router.get("/runs/{run_id}/certificate", response_class=HTMLResponse)
 def certificate(
-    request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep
+    request: Request, run_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
 ) -> HTMLResponse:
     """The run's reproducibility certificate."""
     run = svc.get_run(db, run_id)

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service import experiments as svc
-from service.api.deps import IdPath, SessionDep
+from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import charts, run_rows
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
 from service.models import Experiment, Run, Verdict
@@ -87,7 +87,7 @@ def family_view(db: Session, runs: Sequence[Run]) -> dict[str, Any]:
 
 @router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
 def experiment_page(
-    request: Request, experiment_id: IdPath, viewer: ViewerDep, db: SessionDep
+    request: Request, experiment_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
 ) -> HTMLResponse:
     """An experiment and its rerun families."""
     experiment: Experiment = svc.get_experiment(db, experiment_id)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service import artifacts
 from service import experiments as svc
-from service.api.deps import IdPath, SessionDep
+from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import charts, provenance_view, run_rows
 from service.dashboard.actions import perform
 from service.dashboard.runs_page import MAX_POLLS, PollCount
@@ -49,7 +49,9 @@ def live_context(db: Session, run_id: int) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep) -> HTMLResponse:
+def run_page(
+    request: Request, run_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
+) -> HTMLResponse:
     """Everything recorded about one run."""
     live = live_context(db, run_id)
     run = live["run"]
@@ -82,7 +84,7 @@ def run_page(request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
 def run_live(
-    request: Request, run_id: IdPath, viewer: ViewerDep, db: SessionDep, n: PollCount = 0
+    request: Request, run_id: IdPath, viewer: ViewerDep, db: ReadSessionDep, n: PollCount = 0
 ) -> HTMLResponse:
     """The live part of the run page; polling stops once the run and its badge are final."""
     return render(
@@ -92,7 +94,7 @@ def run_live(
 
 @router.get("/runs/{run_id}/artifacts/{artifact_id}")
 def download(
-    run_id: IdPath, artifact_id: IdPath, viewer: ViewerDep, db: SessionDep
+    run_id: IdPath, artifact_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
 ) -> FileResponse:
     """An artifact's bytes, for a logged-in viewer (the API wants a bearer token)."""
     art = artifacts.get_artifact(db, artifact_id)

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
-from service.api.deps import SessionDep
+from service.api.deps import ReadSessionDep
 from service.dashboard import run_rows
 from service.dashboard.run_rows import VERDICT_FILTERS, Filters
 from service.dashboard.web import SECURITY_HEADERS, PageRoute, ViewerDep, render
@@ -75,7 +75,7 @@ def _url(filters: Filters, **more: object) -> str:
 def runs(
     request: Request,
     viewer: ViewerDep,
-    db: SessionDep,
+    db: ReadSessionDep,
     filters: FiltersDep,
     before: Cursor = None,
     after: Cursor = None,
@@ -115,7 +115,7 @@ def _ids(text: str) -> list[int]:
 def live_rows(
     request: Request,
     viewer: ViewerDep,
-    db: SessionDep,
+    db: ReadSessionDep,
     ids: Annotated[str, Query(max_length=2400)] = "",
     n: PollCount = 0,
 ) -> HTMLResponse:
@@ -155,7 +155,7 @@ def _json(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
 def export(
     request: Request,
     viewer: ViewerDep,
-    db: SessionDep,
+    db: ReadSessionDep,
     filters: FiltersDep,
     fmt: Literal["csv", "json"],
 ) -> StreamingResponse:

@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from service.api.deps import SessionDep
+from service.api.deps import ReadSessionDep
 from service.dashboard.session import LoginRequired, Viewer, login_url, sessions_of
 from service.errors import ServiceError
 
@@ -163,7 +163,7 @@ class PageRoute(APIRoute):
         return page_handler
 
 
-def get_viewer(request: Request, db: SessionDep) -> Viewer:
+def get_viewer(request: Request, db: ReadSessionDep) -> Viewer:
     """The logged-in viewer (any role that may read); LoginRequired otherwise."""
     return sessions_of(request).viewer(request, db)
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
-from service.api.deps import SessionDep
+from service.api.deps import ReadSessionDep
 from service.dashboard.web import PageRoute, ViewerDep, render
 from service.models import Run, Worker, utcnow
 
@@ -16,7 +16,7 @@ MAX_WORKERS = 1000
 
 
 @router.get("/workers", response_class=HTMLResponse)
-def workers_page(request: Request, viewer: ViewerDep, db: SessionDep) -> HTMLResponse:
+def workers_page(request: Request, viewer: ViewerDep, db: ReadSessionDep) -> HTMLResponse:
     """Workers, most recently seen first."""
     workers = db.scalars(
         select(Worker).order_by(Worker.last_seen_at.desc()).limit(MAX_WORKERS)
