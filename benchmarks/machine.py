@@ -33,7 +33,7 @@ def _version(*distributions: str) -> str:
 
 
 def _postgres_version() -> str:
-    from tests.postgres import find_bindir
+    from tests.postgres_binaries import find_bindir
 
     bindir = find_bindir()
     if bindir is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import itertools
 import json
 import os
@@ -29,9 +28,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-SERVER_USER = "postgres"
+from tests.postgres_binaries import (
+    SERVER_USER,
+    find_bindir,
+    postgres_unavailable_reason,
+    running_as_root,
+)
+
 HOST = "127.0.0.1"
-MISSING_BINARIES = "PostgreSQL server binaries not found (install the Debian package 'postgresql')"
 
 # Durability is worthless for a database that is deleted after the run; turning it off
 # makes DDL-heavy tests several times faster. max_connections leaves room for the
@@ -59,61 +63,6 @@ if sys.stdin.buffer.read() != b"stopped":
     finally:
         shutil.rmtree(base, ignore_errors=True)
 """
-
-
-def _running_as_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _major_key(path: Path) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in path.name.split("."))
-    except ValueError:
-        return (-1,)
-
-
-def _has_server_binaries(bindir: Path) -> bool:
-    return all(os.access(bindir / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres"))
-
-
-@functools.cache
-def find_bindir() -> Path | None:
-    """The directory holding initdb/pg_ctl/postgres, newest Debian major version first."""
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*"), key=_major_key, reverse=True)
-    bindirs = [major / "bin" for major in candidates]
-    pg_config = shutil.which("pg_config")
-    if pg_config is not None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(
-                [pg_config, "--bindir"], capture_output=True, text=True, timeout=10, check=True
-            ).stdout.strip()
-            if out:
-                bindirs.append(Path(out))
-    initdb = shutil.which("initdb")
-    if initdb is not None:
-        bindirs.append(Path(initdb).resolve().parent)
-    return next((bindir for bindir in bindirs if _has_server_binaries(bindir)), None)
-
-
-def postgres_unavailable_reason() -> str | None:
-    """Why a test server cannot be started here, or None if it can."""
-    if find_bindir() is None:
-        return MISSING_BINARIES
-    if _running_as_root():
-        # initdb and pg_ctl refuse to run as root, so root has to hand them to this user.
-        import pwd
-
-        try:
-            pwd.getpwnam(SERVER_USER)
-        except KeyError:
-            return (
-                f"running as root, but there is no {SERVER_USER!r} OS user to run the "
-                "PostgreSQL server as (install the Debian package 'postgresql', which "
-                "creates it)"
-            )
-        if shutil.which("runuser") is None:
-            return "running as root, but 'runuser' (util-linux) is not installed"
-    return None
 
 
 def _free_port() -> int:
@@ -305,7 +254,7 @@ class PostgresServer:
             ) from exc
 
     def _as_server_user(self, cmd: list[str]) -> list[str]:
-        if _running_as_root():
+        if running_as_root():
             return ["runuser", "-u", SERVER_USER, "--", *cmd]
         return cmd
 
@@ -331,11 +280,11 @@ class PostgresServer:
 
     def _make_base_dir(self) -> Path:
         parent = Path(tempfile.gettempdir())
-        if _running_as_root() and not _world_traversable(parent):
+        if running_as_root() and not _world_traversable(parent):
             parent = Path("/tmp")
         base = Path(tempfile.mkdtemp(prefix="reprotrain-pg-", dir=parent))
         (base / "sock").mkdir(mode=0o700)
-        if _running_as_root():
+        if running_as_root():
             import pwd
 
             entry = pwd.getpwnam(SERVER_USER)

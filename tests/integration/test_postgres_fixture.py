@@ -22,7 +22,8 @@ from sqlalchemy.engine import Engine, make_url
 
 # postgres_server and postgres_url come from tests/integration/conftest.py; importing them
 # here as well would register a second session fixture and start a second server.
-from tests.postgres import PostgresServer, database_name, postgres_unavailable_reason
+from tests.postgres import PostgresServer, database_name
+from tests.postgres_binaries import postgres_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 SEEN_DATABASES: list[str] = []
