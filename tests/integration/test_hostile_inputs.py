@@ -1,5 +1,6 @@
-"""Hostile clients against a real `repro serve` process: huge and slow bodies, slow headers,
-deep and huge JSON, and what the server leaves readable on disk or prints.
+"""Hostile clients against a real `repro serve` process: huge chunked bodies and declared
+lengths over the limits, deep and huge JSON from workers, 5000-digit integers, uploads past
+the artifact limit, and what the server leaves readable on disk or prints.
 
 Every test talks to 127.0.0.1 only, sends a bounded amount and stops by itself.
 """
@@ -8,54 +9,34 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import select
 import socket
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.integration.hostile_clients import (
+    CLIENT_PATIENCE,
+    MIB,
+    answer_status,
+    service,
+    start_server,
+    still_serves,
+)
 from tests.integration.jobs import REPO
 from tests.integration.service_procs import Service
 
+__all__ = ["service"]
+
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 GIB = 1024**3
-MIB = 1024**2
 # How much the server's resident memory may grow while it refuses a 1 GiB body.
 RSS_BOUND = 100 * MIB
-# The test server's limits: short deadlines so slow clients are seen quickly, and a small
-# upload limit so a refused upload is cheap.
-ENV = {
-    "REPRO_HEADER_TIMEOUT_SECONDS": "1",
-    "REPRO_BODY_TIMEOUT_SECONDS": "2",
-    "REPRO_MAX_ARTIFACT_BYTES": str(16 * MIB),
-}
-# Long enough that a test never waits on it: the server's deadlines are far shorter.
-CLIENT_PATIENCE = 60.0
-
-
-def _start(data_dir: Path, database_url: str | None = None) -> Service:
-    # A permissive umask for the server: the modes it sets must not depend on it.
-    previous = os.umask(0)
-    try:
-        return Service(data_dir, database_url=database_url, env=ENV, extra=("--no-demo",))
-    finally:
-        os.umask(previous)
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = _start(tmp_path_factory.mktemp("hostile") / "data")
-    try:
-        yield svc.wait_ready()
-    finally:
-        svc.stop()
 
 
 def _memory(service: Service, field: str) -> int:
@@ -73,11 +54,6 @@ def _rss(service: Service) -> int:
 
 def _peak_rss(service: Service) -> int:
     return _memory(service, "VmHWM")
-
-
-def _answer_status(answer: bytes) -> int | None:
-    match = re.match(rb"HTTP/1\.1 (\d{3}) ", answer)
-    return int(match.group(1)) if match else None
 
 
 def stream_chunked(port: int, head: bytes, total: int, chunk: int = 256 * 1024) -> tuple[int, int]:
@@ -114,7 +90,7 @@ def stream_chunked(port: int, head: bytes, total: int, chunk: int = 256 * 1024) 
                     writable = False  # the server stopped reading: its answer may be there
     finally:
         sock.close()
-    status = _answer_status(answer)
+    status = answer_status(answer)
     assert status is not None, f"no HTTP answer after sending {sent} bytes: {answer[:200]!r}"
     return status, sent
 
@@ -131,11 +107,6 @@ def _head(path: str, token: str | None, content_type: str = "application/json") 
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def _still_serves(service: Service) -> None:
-    assert service.client.get("/healthz").status_code == 200
-    assert service.client.get("/api/v1/runs").status_code == 200
-
-
 # --- bodies ---------------------------------------------------------------------------------
 
 
@@ -150,7 +121,7 @@ def test_a_gigabyte_chunked_body_without_a_token_is_refused_before_it_is_read(
     assert status == 401
     assert sent < 64 * MIB, f"the client got {sent} bytes out before the server answered"
     assert _peak_rss(service) - before <= RSS_BOUND
-    _still_serves(service)
+    still_serves(service)
 
 
 def test_a_gigabyte_chunked_spec_with_a_valid_token_stops_at_the_json_limit(
@@ -163,7 +134,7 @@ def test_a_gigabyte_chunked_spec_with_a_valid_token_stops_at_the_json_limit(
     assert status == 413
     assert sent < 64 * MIB
     assert _peak_rss(service) - before <= RSS_BOUND
-    _still_serves(service)
+    still_serves(service)
 
 
 def test_a_body_with_a_malformed_token_is_refused_like_one_without(service: Service) -> None:
@@ -181,7 +152,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_sent(
             b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
             % (service.admin_token.encode(), GIB)
         )
-        assert _answer_status(sock.recv(4096)) == 413
+        assert answer_status(sock.recv(4096)) == 413
 
 
 # --- a run held by a worker, and JSON it sends --------------------------------------------
@@ -261,7 +232,7 @@ def test_deep_and_huge_worker_json_is_refused_and_the_runs_pages_keep_answering(
 
 
 def test_deep_worker_json_is_refused_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    svc = _start(tmp_path / "data", database_url=postgres_url)
+    svc = start_server(tmp_path / "data", database_url=postgres_url)
     try:
         svc.wait_ready()
         _refuses_deep_and_huge_json(svc, "deep-postgres")
@@ -294,7 +265,7 @@ def test_an_integer_of_5000_digits_is_refused_with_a_4xx(service: Service) -> No
         headers={"Content-Type": "application/json"},
     )
     assert inf.status_code == 422, inf.text
-    _still_serves(service)
+    still_serves(service)
 
 
 def test_an_upload_past_the_artifact_limit_is_cut_off_at_the_limit(service: Service) -> None:
@@ -309,79 +280,7 @@ def test_an_upload_past_the_artifact_limit_is_cut_off_at_the_limit(service: Serv
     assert status == 413
     assert sent < 16 * MIB + 64 * MIB  # the limit, plus what the sockets buffer
     assert _peak_rss(service) - before <= RSS_BOUND
-    _still_serves(service)
-
-
-# --- slow clients ---------------------------------------------------------------------------
-
-
-def _trickle(port: int, head: bytes, trickle: bytes, every: float) -> tuple[bytes, int]:
-    """Send `head`, then `trickle` a byte at a time; stop when the server answers or closes.
-
-    Returns (what the server sent, bytes of `trickle` sent by then).
-    """
-    with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_PATIENCE) as sock:
-        sock.sendall(head)
-        for sent in range(len(trickle)):
-            readable, _, _ = select.select([sock], [], [], every)
-            if readable:
-                return _drain(sock), sent
-            try:
-                sock.sendall(trickle[sent : sent + 1])
-            except (BrokenPipeError, ConnectionResetError):
-                return _drain(sock), sent
-        return _drain(sock), len(trickle)
-
-
-def _drain(sock: socket.socket) -> bytes:
-    data = b""
-    try:
-        while piece := sock.recv(65536):
-            data += piece
-    except ConnectionResetError:
-        pass
-    return data
-
-
-def test_headers_sent_a_byte_at_a_time_are_cut_off(service: Service) -> None:
-    # 200 header bytes at 4 a second would take 50 s; the server allows 1 s for headers.
-    trickle = b"X-Slow: " + b"a" * 190 + b"\r\n\r\n"
-    answer, sent = _trickle(service.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n", trickle, 0.25)
-    assert sent < len(trickle), "the server waited for the whole trickle"
-    assert answer == b"" or _answer_status(answer) == 408, answer[:200]
-    _still_serves(service)
-
-
-def test_a_connection_that_never_sends_a_request_is_closed(service: Service) -> None:
-    with socket.create_connection(("127.0.0.1", service.port), timeout=CLIENT_PATIENCE) as sock:
-        assert sock.recv(100) == b""  # closed by the server, long before the client gives up
-
-
-def test_a_body_sent_a_byte_at_a_time_is_answered_408(service: Service) -> None:
-    # 200 body bytes at 4 a second would take 50 s; the server allows about 2 s for the body.
-    head = (
-        b"POST /api/v1/runs/1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer %s\r\nContent-Length: 200\r\n\r\n" % service.admin_token.encode()
-    )
-    answer, sent = _trickle(service.port, head, b" " * 200, 0.25)
-    assert sent < 200, "the server waited for the whole trickle"
-    assert _answer_status(answer) == 408, answer[:200]
-    _still_serves(service)
-
-
-def test_requests_on_a_kept_alive_connection_still_get_their_header_deadline(
-    service: Service,
-) -> None:
-    with socket.create_connection(("127.0.0.1", service.port), timeout=CLIENT_PATIENCE) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        first = b""
-        while b"\r\n\r\n" not in first:
-            first += sock.recv(65536)
-        assert _answer_status(first) == 200
-        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and the rest never comes
-        rest = _drain(sock)
-    # (the first answer's body may arrive with the second answer)
-    assert b"HTTP/1.1 408 " in first + rest, (first + rest)[:400]
+    still_serves(service)
 
 
 # --- what the server leaves on disk and prints ------------------------------------------------
