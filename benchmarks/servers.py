@@ -64,10 +64,7 @@ def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
         if database == "postgresql":
             postgres = stack.enter_context(PostgresServer())
             database_url = postgres.create_database("bench")
-            with postgres.connect_admin() as admin:
-                row = admin.execute("SELECT pg_backend_pid()").fetchone()
-            backend = row[0] if row else None
-            database_pid = _parent_pid(backend) if isinstance(backend, int) else None
+            database_pid = postgres.postmaster_pid
         elif database == "sqlite":
             database_url = f"sqlite:///{workdir / 'bench.db'}"
         else:
@@ -76,13 +73,6 @@ def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
         stack.callback(service.stop)
         service.wait_ready()
         yield Server(service, database, database_url, workdir, database_pid)
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def tree_cpu_seconds(pid: int) -> float | None:

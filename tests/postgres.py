@@ -243,11 +243,16 @@ class PostgresServer:
     def _pid_file_exists(self) -> bool:
         return (self._data_dir / "postmaster.pid").exists()
 
+    @property
+    def postmaster_pid(self) -> int:
+        """The running server's process id, from its pid file (OSError, ValueError or
+        IndexError without one)."""
+        return int((self._data_dir / "postmaster.pid").read_text().splitlines()[0])
+
     def _kill_postmaster(self, pg_ctl_output: str) -> None:
         # Deleting the directory under a live server would leave it running unseen.
         try:
-            pid = int((self._data_dir / "postmaster.pid").read_text().splitlines()[0])
-            os.kill(pid, signal.SIGKILL)
+            os.kill(self.postmaster_pid, signal.SIGKILL)
         except (OSError, ValueError, IndexError) as exc:
             raise RuntimeError(
                 f"could not stop PostgreSQL server ({exc}); pg_ctl said:\n{pg_ctl_output}"
