@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    and_,
+    any_,
+    bindparam,
+    case,
+    func,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import QueryableAttribute, Session
 
 from service.comparisons import compare
 from service.models import Run, TracePointRow, Verdict
@@ -38,9 +51,32 @@ class FamilyHead:
     oldest_unfinished: int | None
 
 
+def _in_bound_ids(column: QueryableAttribute[Any], name: str, dialect: str) -> ColumnElement[bool]:
+    """`column IN (ids)`, the ids bound as one parameter whatever their number.
+
+    An expanding IN renders one placeholder per id at every execution: SQLAlchemy builds
+    the statement's text anew each time (0.15 ms of a PostgreSQL page's 50 families, 0.035
+    ms on SQLite), and on PostgreSQL every length of list is another statement to prepare.
+    PostgreSQL takes the list as one array; SQLite as one JSON array read by json_each.
+    Both still look every id up in the column's index. Bind `bound_ids(dialect, ids)`.
+    """
+    if dialect == "postgresql":
+        return column == any_(bindparam(name, type_=ARRAY(Integer)))
+    if dialect == "sqlite":
+        each = func.json_each(bindparam(name, type_=String)).table_valued("value")
+        return column.in_(select(each.c.value))
+    return column.in_(bindparam(name, expanding=True))
+
+
+def bound_ids(dialect: str, ids: set[int]) -> Any:
+    """The value of an `_in_bound_ids` parameter for these ids on this dialect."""
+    ordered = sorted(ids)
+    return json.dumps(ordered) if dialect == "sqlite" else ordered
+
+
 @cache
-def _heads_query(unfinished: bool) -> Select[Any]:
-    # Built once per shape; the families are bound (an expanding IN list). Filtering on
+def _heads_query(unfinished: bool, dialect: str) -> Select[Any]:
+    # Built once per shape and dialect; the families are bound as one value. Filtering on
     # status and kind in WHERE let SQLite pick the (kind, status) index and read every
     # successful run of the table; inside MIN it reads the families' rows by the family
     # index, and answers one row per family. The API's reads ask for the reference only
@@ -51,18 +87,22 @@ def _heads_query(unfinished: bool) -> Select[Any]:
     ]
     if unfinished:
         columns.append(func.min(case((Run.status.in_(("queued", "running")), Run.id))))
-    return (
-        select(*columns)
-        .where(Run.family_id.in_(bindparam("families", expanding=True)))
-        .group_by(Run.family_id)
-    )
+    members = _in_bound_ids(Run.family_id, "families", dialect)
+    return select(*columns).where(members).group_by(Run.family_id)
+
+
+def _heads(db: Session, families: set[int], *, unfinished: bool) -> Any:
+    dialect = db.get_bind().dialect.name
+    query = _heads_query(unfinished, dialect)
+    return db.connection().execute(query, {"families": bound_ids(dialect, families)})
 
 
 def family_heads(db: Session, families: set[int]) -> dict[int, FamilyHead]:
     """The head of each of these families that has members, by family id, in one query."""
     if not families:
         return {}
-    found = db.execute(_heads_query(True), {"families": sorted(families)})
+    db.flush()  # the session's connection does not flush by itself (see family_references)
+    found = _heads(db, families, unfinished=True)
     return {family: FamilyHead(first, oldest) for family, first, oldest in found}
 
 
@@ -74,7 +114,7 @@ def family_references(db: Session, families: set[int]) -> dict[int, int]:
     # path does not flush pending changes by itself, so they are flushed first, as
     # `db.execute` would (a no-op with none, as on every read path).
     db.flush()
-    found = db.connection().execute(_heads_query(False), {"families": sorted(families)}).all()
+    found = _heads(db, families, unfinished=False).all()
     return {family: first for family, first in found if first is not None}
 
 

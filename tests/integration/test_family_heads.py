@@ -1,0 +1,89 @@
+"""Families' references and oldest unfinished runs, asked for many families in one query
+whose text does not depend on how many families it asks for."""
+
+from __future__ import annotations
+
+from itertools import cycle, islice
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.db import make_engine
+from service.models import Experiment, Run
+from service.verdicts import FamilyHead, family_heads, family_references
+
+# Each family's runs in order, as (kind, status): the reference is the first successful
+# training, the oldest unfinished the first queued or running run.
+SHAPES = [
+    [("train", "succeeded")],
+    [("train", "failed"), ("train", "succeeded"), ("train", "succeeded")],
+    [("train", "queued")],
+    [("train", "succeeded"), ("train", "running"), ("train", "queued")],
+    [("train", "cancelled")],
+    [("refine", "succeeded"), ("train", "failed"), ("train", "running")],
+]
+FAMILIES = 60
+
+
+def _fill(db: Session) -> dict[int, FamilyHead]:
+    """FAMILIES families of the shapes above; each one's head, worked out here one by one."""
+    experiment = Experiment(
+        name="families",
+        spec={},
+        spec_hash="h",
+        submitted_spec_hash="h",
+        seed=[1],
+        seed_source="spec",
+    )
+    db.add(experiment)
+    expected = {}
+    for shape in islice(cycle(SHAPES), FAMILIES):
+        runs = [Run(experiment=experiment, kind=kind, status=status) for kind, status in shape]
+        db.add_all(runs)
+        db.flush()
+        for run in runs:
+            run.family_id = runs[0].id
+        expected[runs[0].id] = FamilyHead(
+            reference=next(
+                (r.id for r in runs if (r.kind, r.status) == ("train", "succeeded")), None
+            ),
+            oldest_unfinished=next((r.id for r in runs if r.status in ("queued", "running")), None),
+        )
+    db.commit()
+    return expected
+
+
+def test_heads_of_many_families_come_from_one_statement_whatever_their_number(
+    migrated_settings: Settings,
+) -> None:
+    engine = make_engine(migrated_settings.resolved_database_url)
+    statements: list[str] = []
+
+    def heads_statements(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "GROUP BY runs.family_id" in statement:
+            statements.append(statement)
+
+    try:
+        with Session(engine) as db:
+            expected = _fill(db)
+            event.listen(engine, "before_cursor_execute", heads_statements)
+            families = set(expected)
+            unknown = max(families) + 1000
+            assert family_heads(db, families | {unknown}) == expected
+            assert family_references(db, families) == {
+                family: head.reference
+                for family, head in expected.items()
+                if head.reference is not None
+            }
+            for family in sorted(families)[: len(SHAPES)]:
+                assert family_heads(db, {family}) == {family: expected[family]}
+                references = family_references(db, {family})
+                assert references.get(family) == expected[family].reference
+    finally:
+        engine.dispose()
+    # One text for every number of families: SQLAlchemy need not render it again for
+    # each, and PostgreSQL prepares it once.
+    assert len(statements) == 2 + 2 * len(SHAPES)
+    assert len(set(statements)) == 2, set(statements)  # with and without the unfinished
