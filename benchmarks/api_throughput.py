@@ -26,6 +26,7 @@ from benchmarks.load_api import (
     REQUEST_TIMEOUT,
     REQUESTS,
     Plan,
+    context_switches,
     cpu_seconds,
     figures,
     percentile,
@@ -153,8 +154,9 @@ def claim_process(plan: ClaimPlan, start: Any, results: Any) -> None:
 
 def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) -> Any:
     """The figures of one endpoint's load; `server_cpu_ms` is the server process's CPU time
-    per answered request (user + system), which says where a low rate comes from, and
-    `database_cpu_ms` PostgreSQL's, which shares the machine."""
+    per answered request (user + system), which says where a low rate comes from,
+    `server_switches` its threads' context switches per request, which show threads taking
+    turns at the GIL, and `database_cpu_ms` PostgreSQL's CPU, which shares the machine."""
     plans = [
         Plan(
             **plan_base,
@@ -169,9 +171,9 @@ def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) 
     pid = server.service.proc.pid
     db_pid = server.database_pid
     db_before = None if db_pid is None else tree_cpu_seconds(db_pid)
-    cpu_before = cpu_seconds(pid)
+    cpu_before, switches_before = cpu_seconds(pid), context_switches(pid)
     outcomes = run_load(plans, timeout=seconds + REQUEST_TIMEOUT + 120)
-    cpu_after = cpu_seconds(pid)
+    cpu_after, switches_after = cpu_seconds(pid), context_switches(pid)
     db_after = None if db_pid is None else tree_cpu_seconds(db_pid)
     elapsed = max(o.elapsed for o in outcomes)
     records = [r for o in outcomes for r in o.records]
@@ -181,6 +183,8 @@ def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) 
         progress(f"  {kind}: {result.errors} failed requests, e.g. {errors[:2]}")
     if cpu_before is not None and cpu_after is not None and records:
         result.server_cpu_ms = (cpu_after - cpu_before) / len(records) * 1000
+    if switches_before is not None and switches_after is not None and records:
+        result.server_switches = (switches_after - switches_before) / len(records)
     if db_before is not None and db_after is not None and records:
         result.database_cpu_ms = (db_after - db_before) / len(records) * 1000
     return result
@@ -191,9 +195,19 @@ def _cause(got: Any, floor: Any, database: str) -> str:
     where = (
         "queries, row decoding and JSON, read on the event loop"
         if database == "sqlite"
-        else "queries, row decoding and JSON, and a thread-pool hand-off (a server database "
-        "is read from the pool, which about doubled the CPU of a read on SQLite)"
+        else "queries, row decoding and JSON, read in the thread pool"
     )
+    if got.server_switches is not None and floor.server_switches is not None:
+        why = (
+            ""
+            if database == "sqlite"
+            else ": the pool's threads wait for the GIL after each round trip"
+        )
+        where += (
+            f" ({got.server_switches:.{0 if got.server_switches >= 10 else 1}f} context "
+            "switches a request against "
+            f"{floor.server_switches:.1f} for /healthz{why})"
+        )
     if got.errors:
         return f"{got.errors} requests failed"
     if got.server_cpu_ms is None or floor.server_cpu_ms is None:
@@ -291,6 +305,8 @@ def measure_database(database: str, budget: Budget) -> list[Row]:
                         "server_cpu_ms": got.server_cpu_ms,
                         "baseline_server_cpu_ms": floor.server_cpu_ms,
                         "database_cpu_ms": got.database_cpu_ms,
+                        "server_switches": got.server_switches,
+                        "baseline_server_switches": floor.server_switches,
                         "p50_ms": got.p50_ms,
                         "p99_ms": got.p99_ms,
                         "errors": got.errors,

@@ -199,6 +199,22 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid: int) -> int | None:
+    """Context switches, voluntary and not, of a process's live threads so far (Linux):
+    a thread that gives up its core to wait (for the GIL, a lock, a socket) adds one."""
+    total, found = 0, False
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue  # the thread ended meanwhile
+        for line in lines:
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+                found = True
+    return total if found else None
+
+
 # -- figures --------------------------------------------------------------------------------
 
 
@@ -215,6 +231,7 @@ class Figures:
     max_ms: float
     server_cpu_ms: float | None = None  # the server's CPU time per request, when measured
     database_cpu_ms: float | None = None  # a PostgreSQL server's (every backend), likewise
+    server_switches: float | None = None  # the server's context switches per request
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
