@@ -176,7 +176,7 @@ def measure(repeat: int) -> list[dict[str, Any]]:
                 comparisons.compare_ids(db, a, b)
 
         app = create_app(settings)
-        rows = []
+        rows: list[dict[str, Any]] = []
         with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
 
             def get(path: str, **params: int) -> Callable[[], object]:

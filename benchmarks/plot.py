@@ -110,9 +110,10 @@ def _training(ax: Any, rows: Sequence[Row]) -> None:
     models = [r.params["model"] for r in determinism]
     bars = ax.bar(models, [r.ratio for r in determinism], color="tab:blue")
     for bar, model in zip(bars, models, strict=True):
-        if trace.get(model) is not None:
+        share = trace.get(model)
+        if share is not None:
             ax.annotate(
-                f"trace {trace[model] * 100:.1f}%",
+                f"trace {share * 100:.1f}%",
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",

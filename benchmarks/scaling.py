@@ -68,7 +68,7 @@ class Requests:
         self.client.close()
         self.worker.close()
 
-    def _get(self, **params: object) -> None:
+    def _get(self, **params: str | int) -> None:
         self.client.get("/api/v1/runs", params={"limit": 50, **params}).raise_for_status()
 
     def submit(self) -> None:

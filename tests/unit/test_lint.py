@@ -27,7 +27,7 @@ def test_ruff_format() -> None:
 
 def test_mypy_strict() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "worker", "service"],
+        [sys.executable, "-m", "mypy", "worker", "service", "benchmarks"],
         cwd=REPO,
         capture_output=True,
         text=True,
