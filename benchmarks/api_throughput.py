@@ -198,14 +198,15 @@ def _cause(got: Any, floor: Any, database: str) -> str:
         else "queries, row decoding and JSON, read in the thread pool"
     )
     if got.server_switches is not None and floor.server_switches is not None:
+        switches = got.server_switches
+        count = f"{switches:.0f}" if switches >= 10 else f"{switches:.1f}"
         why = (
             ""
             if database == "sqlite"
             else ": the pool's threads wait for the GIL after each round trip"
         )
         where += (
-            f" ({got.server_switches:.{0 if got.server_switches >= 10 else 1}f} context "
-            "switches a request against "
+            f" ({count} context switches a request against "
             f"{floor.server_switches:.1f} for /healthz{why})"
         )
     if got.errors:
