@@ -195,19 +195,15 @@ def _cause(got: Any, floor: Any, database: str) -> str:
     where = (
         "queries, row decoding and JSON, read on the event loop"
         if database == "sqlite"
-        else "queries, row decoding and JSON, read in the thread pool"
+        else "queries, row decoding and JSON, read on the event loop over psycopg's "
+        "asyncio connections"
     )
     if got.server_switches is not None and floor.server_switches is not None:
         switches = got.server_switches
         count = f"{switches:.0f}" if switches >= 10 else f"{switches:.1f}"
-        why = (
-            ""
-            if database == "sqlite"
-            else ": the pool's threads wait for the GIL after each round trip"
-        )
         where += (
-            f" ({count} context switches a request against "
-            f"{floor.server_switches:.1f} for /healthz{why})"
+            f" ({count} context switches a request against {floor.server_switches:.1f} "
+            "for /healthz)"
         )
     if got.errors:
         return f"{got.errors} requests failed"

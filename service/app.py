@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
 from service import artifacts
 from service.api.body_limits import BodyLimits
 from service.api.docs import install_docs
 from service.api.main import api_router, install_error_handlers
+from service.api.reads import LoopReads
 from service.api.routes import health
 from service.api.routes import metrics as metrics_routes
 from service.auth import FailureLimiter
@@ -19,6 +23,13 @@ from service.metrics import RequestTimer, make_registry
 from service.token_cache import TokenCache
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    # The event loop's own connections go with it (the engine's are closed at exit).
+    await app.state.loop_reads.dispose()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API app; the database must already be migrated (`repro db upgrade`)."""
     settings = settings or get_settings()
@@ -28,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Reproducible training as a service",
         docs_url=None,  # served by install_docs from assets shipped in the package
         redoc_url=None,
+        lifespan=_lifespan,
     )
     engine = make_engine(
         settings.resolved_database_url,
@@ -43,6 +55,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue_bell, app.state.runs_bell = app_bells()
     app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))
     app.state.read_sessionmaker = make_read_sessionmaker(engine)
+    app.state.loop_reads = LoopReads(
+        engine,
+        pool_size=settings.db_read_pool_size,
+        pool_timeout=settings.db_pool_timeout_seconds,
+    )
     app.state.auth_failures = FailureLimiter(
         settings.auth_failures_allowed, settings.auth_failure_window_seconds
     )

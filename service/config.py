@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=40, ge=1)
     db_max_overflow: int = Field(default=10, ge=0)
     db_pool_timeout_seconds: float = Field(default=10.0, gt=0)
+    # PostgreSQL connections of the hot reads (a run, a page of runs), which wait for the
+    # database on the event loop (service.api.reads): a pool of their own, on top of the
+    # above. Requests past it wait for a free one, without holding a thread.
+    db_read_pool_size: int = Field(default=10, ge=1)
     # /metrics answers without a token by default (aggregate numbers only, as Prometheus
     # scrapers expect); when True it asks for a token with the read role.
     metrics_token_required: bool = False

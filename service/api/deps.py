@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import auth
@@ -37,18 +37,8 @@ async def get_app_settings(request: Request) -> Settings:
     return settings
 
 
-async def get_read_sessionmaker(request: Request) -> sessionmaker[Session]:
-    """The factory of read-only sessions (see service.db.make_read_sessionmaker), for a sync
-    read that opens and closes its session itself: all its database work then takes one
-    thread-pool round trip, where `SessionDep` takes two more (to open and to close the
-    session) on top of the route's own."""
-    maker: sessionmaker[Session] = request.app.state.read_sessionmaker
-    return maker
-
-
 SessionDep = Annotated[Session, Depends(get_db)]
 ReadSessionDep = Annotated[Session, Depends(get_read_db)]
-ReadSessions = Annotated[sessionmaker[Session], Depends(get_read_sessionmaker)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 # Ids and offsets within what the database stores (422 beyond, never a crash).
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]

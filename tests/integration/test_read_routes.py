@@ -1,6 +1,7 @@
-"""Where the hot read routes run: on the event loop with SQLite (no thread-pool slot), in
-the thread pool with PostgreSQL (a slow database then holds up a thread, not the loop).
-The app runs in-process so the test can take every thread-pool slot first."""
+"""Where the hot read routes run: on the event loop, over asyncio connections with
+PostgreSQL (no thread-pool slot either way, and a read waiting for the database holds up
+no other request). The app runs in-process so the tests can take every thread-pool slot
+first."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import event, select, text, update
+from sqlalchemy.orm import Session
 
 from service.app import create_app
 from service.auth import create_token
@@ -50,27 +52,19 @@ async def _client_with_a_run(app: FastAPI) -> AsyncIterator[tuple[httpx.AsyncCli
         yield client, submitted.json()["run"]["id"]
 
 
-def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Settings) -> None:
+def test_reads_of_runs_need_no_thread(settings: Settings) -> None:
+    """With every thread-pool slot taken, a run and a page of runs still answer: on SQLite
+    they are read on the event loop, on PostgreSQL over asyncio connections."""
     app = create_app(settings)
-    on_loop = settings.resolved_database_url.startswith("sqlite")
 
     async def main() -> None:
         async with _client_with_a_run(app) as (client, run_id):
             paths = [f"/api/v1/runs/{run_id}", "/api/v1/runs?limit=5"]
             before = [(await client.get(p)).json() for p in paths]  # the token is cached now
-
-            limiter = anyio.to_thread.current_default_thread_limiter()
-            holders = [object() for _ in range(int(limiter.total_tokens))]
-            for holder in holders:
-                await limiter.acquire_on_behalf_of(holder)
-            try:
-                reads = [asyncio.create_task(client.get(p)) for p in paths]
-                done, _ = await asyncio.wait(reads, timeout=2)
-                assert len(done) == (len(paths) if on_loop else 0)
-            finally:
-                for holder in holders:
-                    limiter.release_on_behalf_of(holder)
-            answers = [await asyncio.wait_for(r, 20) for r in reads]
+            async with _every_thread_slot_taken():
+                answers = await asyncio.wait_for(
+                    asyncio.gather(*(client.get(p) for p in paths)), 20
+                )
         assert [a.status_code for a in answers] == [200, 200]
         assert [a.json() for a in answers] == before
         assert answers[1].json()["items"][0]["id"] == run_id
@@ -81,17 +75,79 @@ def test_reads_of_runs_need_a_thread_only_on_a_server_database(settings: Setting
         app.state.engine.dispose()
 
 
+def test_a_read_waiting_for_postgresql_holds_up_no_other_request(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A detail read waits for a lock another connection holds on the trace points; in the
+    meantime, with no thread free either, pages of runs and /healthz answer, and the detail
+    answers once the lock goes."""
+    settings = Settings(data_dir=tmp_path / "data", database_url=postgres_url)
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+
+    async def main() -> None:
+        async with _client_with_a_run(app) as (client, run_id):
+            expected = (await client.get(f"/api/v1/runs/{run_id}")).json()
+            with app.state.engine.connect() as locker:
+                locker.execute(text("LOCK TABLE trace_points IN ACCESS EXCLUSIVE MODE"))
+                async with _every_thread_slot_taken():
+                    detail = asyncio.create_task(client.get(f"/api/v1/runs/{run_id}"))
+                    others = [await client.get("/api/v1/runs?limit=5") for _ in range(3)]
+                    others.append(await client.get("/healthz"))
+                    assert [o.status_code for o in others] == [200] * 4
+                    assert not detail.done()
+                    await _backend_waits_for_a_lock(app)
+                    locker.rollback()
+                    answer = await asyncio.wait_for(detail, 20)
+        assert answer.status_code == 200
+        assert answer.json() == expected
+
+    try:
+        asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
+
+
+@asynccontextmanager
+async def _every_thread_slot_taken() -> AsyncIterator[None]:
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    holders = [object() for _ in range(int(limiter.total_tokens))]
+    for holder in holders:
+        await limiter.acquire_on_behalf_of(holder)
+    try:
+        yield
+    finally:
+        for holder in holders:
+            limiter.release_on_behalf_of(holder)
+
+
+async def _backend_waits_for_a_lock(app: FastAPI) -> None:
+    """Until PostgreSQL shows a backend waiting for a lock (the detail's read), 10 s at most."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    for _ in range(200):
+        with app.state.engine.connect() as conn:
+            if conn.scalar(query):
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no read waited for the lock")
+
+
 def test_concurrent_reads_keep_their_connections_instead_of_opening_new_ones(
     settings: Settings,
 ) -> None:
-    """Rounds of reads in flight together open the connections they need once: the pool
-    keeps every connection up to the thread pool's size, where a smaller kept pool closed
+    """Rounds of reads in flight together open the connections they need once: their pool
+    keeps every connection it opened, where a kept pool smaller than what was open closed
     the overflow on return and steady load opened a new server connection every few
     requests."""
     in_flight, rounds = 16, 12
     app = create_app(settings)
     opened: list[object] = []
-    event.listen(app.state.engine, "connect", lambda dbapi_conn, record: opened.append(record))
+    event.listen(
+        app.state.loop_reads.engine, "connect", lambda dbapi_conn, record: opened.append(record)
+    )
 
     async def main() -> list[int]:
         async with _client_with_a_run(app) as (client, run_id):
@@ -149,9 +205,15 @@ def test_a_read_session_refuses_to_write(settings: Settings) -> None:
     anything reaches the database, instead of writing (piecemeal, on PostgreSQL, where
     they run in autocommit)."""
     app = create_app(settings)
+
+    def write_a_token(db: Session) -> None:
+        create_token(db=db, name="through-a-loop-read", role="viewer")
+
     try:
         with app.state.read_sessionmaker() as db, pytest.raises(RuntimeError, match="not write"):
             create_token(db=db, name="through-a-read", role="viewer")
+        with pytest.raises(RuntimeError, match="not write"):
+            asyncio.run(app.state.loop_reads.run(write_a_token))
         with app.state.sessionmaker() as db:
             assert db.scalars(select(ApiToken.name)).all() == []
     finally:
@@ -163,25 +225,58 @@ def test_repeated_reads_run_as_prepared_statements_on_postgresql(
 ) -> None:
     """psycopg forgets a connection's prepared statements at every rollback, and every read
     used to end in one, so PostgreSQL parsed and planned each statement of each read anew.
-    The read routes now read in autocommit: on a pool of one connection, after a few
+    The read routes now read in autocommit: on a read pool of one connection, after a few
     details and pages their statements are prepared on it."""
-    settings = Settings(
-        data_dir=tmp_path / "data", database_url=postgres_url, db_pool_size=1, db_max_overflow=0
-    )
+    settings = Settings(data_dir=tmp_path / "data", database_url=postgres_url, db_read_pool_size=1)
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+
+    def prepared_statements(db: Session) -> list[str]:
+        return list(db.scalars(text("SELECT statement FROM pg_prepared_statements")))
+
+    async def main() -> list[str]:
+        async with _client_with_a_run(app) as (client, run_id):
+            for _ in range(8):
+                assert (await client.get(f"/api/v1/runs/{run_id}")).status_code == 200
+                assert (await client.get("/api/v1/runs?limit=5")).status_code == 200
+        result: list[str] = await app.state.loop_reads.run(prepared_statements)
+        return result
+
+    try:
+        prepared = asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
+    assert any("FROM trace_points" in s for s in prepared), prepared  # the detail's trace
+    assert any("LIMIT" in s and "FROM runs" in s for s in prepared), prepared  # a page
+
+
+def test_reads_survive_postgresql_closing_their_connections(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """After PostgreSQL ends every connection the reads keep (as a restart or an idle
+    timeout would), the next reads answer: a read whose connection is gone runs again on a
+    new one (the pool then drops the other dead ones), without a ping at every checkout."""
+    settings = Settings(data_dir=tmp_path / "data", database_url=postgres_url)
     upgrade(settings.resolved_database_url)
     app = create_app(settings)
 
     async def main() -> None:
         async with _client_with_a_run(app) as (client, run_id):
-            for _ in range(8):
-                assert (await client.get(f"/api/v1/runs/{run_id}")).status_code == 200
-                assert (await client.get("/api/v1/runs?limit=5")).status_code == 200
+            paths = [f"/api/v1/runs/{run_id}", "/api/v1/runs?limit=5"]
+            before = await asyncio.gather(*(client.get(p) for p in paths * 4))
+            with app.state.engine.connect() as admin:
+                ended = admin.scalar(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+            assert ended, "the reads kept no connection open"
+            after = await asyncio.gather(*(client.get(p) for p in paths * 4))
+        assert [a.status_code for a in after] == [200] * len(after)
+        assert [a.json() for a in after] == [b.json() for b in before]
 
     try:
         asyncio.run(main())
-        with app.state.read_sessionmaker() as db:
-            prepared = db.scalars(text("SELECT statement FROM pg_prepared_statements")).all()
     finally:
         app.state.engine.dispose()
-    assert any("FROM trace_points" in s for s in prepared), prepared  # the detail's trace
-    assert any("LIMIT" in s and "FROM runs" in s for s in prepared), prepared  # a page

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, BaseModel
+from sqlalchemy.orm import Session
 from starlette.types import Receive, Scope, Send
 
 from service import experiments as svc
@@ -18,7 +19,6 @@ from service.api.deps import (
     IdPath,
     Offset,
     ReadAccess,
-    ReadSessions,
     SessionDep,
     SettingsDep,
     SubmitAccess,
@@ -64,7 +64,6 @@ Cursor = Annotated[
 @router.get("", response_model=RunPage, responses=errors(422))
 async def list_runs(
     request: Request,
-    sessions: ReadSessions,
     _: ReadAccess,
     status: Status | None = None,
     experiment_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
@@ -85,29 +84,27 @@ async def list_runs(
         kind=kind, status=status, experiment_id=experiment_id, verdict=verdict
     )
 
-    def page() -> Response:
-        with sessions() as db:
-            return _json(
-                run_pages.list_runs(
-                    db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
-                )
+    def page(db: Session) -> Response:
+        return _json(
+            run_pages.list_runs(
+                db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
             )
+        )
 
     return await reads.read(request, page)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
 async def get_run(
-    request: Request, run_id: IdPath, sessions: ReadSessions, settings: SettingsDep, _: ReadAccess
+    request: Request, run_id: IdPath, settings: SettingsDep, _: ReadAccess
 ) -> Response:
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
 
-    def detail() -> Response:
-        with sessions() as db:
-            run = load_run(db, run_id)
-            if run is None:
-                raise NotFound(f"run {run_id} does not exist")
-            return _json(run_detail(db, run, settings=settings))
+    def detail(db: Session) -> Response:
+        run = load_run(db, run_id)
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return _json(run_detail(db, run, settings=settings))
 
     return await reads.read(request, detail)
 
