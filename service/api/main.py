@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from service.api.responses import errors
 from service.api.routes import (
@@ -18,10 +21,13 @@ from service.api.routes import (
     runs,
     workers,
 )
-from service.errors import ServiceError
+from service.errors import ServiceError, ServiceUnavailable
 
-# Every versioned endpoint needs a token its role allows; each route adds its own errors.
-api_router = APIRouter(prefix="/api/v1", responses=errors(401, 403, 429))
+log = logging.getLogger(__name__)
+
+# Every versioned endpoint needs a token its role allows, and answers 503 when no database
+# connection comes free in time; each route adds its own errors.
+api_router = APIRouter(prefix="/api/v1", responses=errors(401, 403, 429, 503))
 api_router.include_router(experiments.router)
 api_router.include_router(runs.router)
 api_router.include_router(workers.router)
@@ -55,7 +61,24 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "invalid request", "errors": errors}, status_code=status)
 
 
+async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
+    # Every connection of a pool stayed in use for REPRO_DB_POOL_TIMEOUT_SECONDS: the server
+    # is at its limit, not broken, and the request changed nothing.
+    log.warning(
+        "%s %s: no database connection came free in time (%s)",
+        request.method,
+        request.url.path,
+        exc,
+    )
+    return await _service_error(
+        request,
+        ServiceUnavailable("every database connection is busy; try again", retry_after=1),
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Map ServiceError subclasses and request validation to their HTTP statuses."""
+    """Map ServiceError subclasses, request validation and a database pool's timeout to
+    their HTTP statuses."""
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(PoolTimeout, _database_busy)

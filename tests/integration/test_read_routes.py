@@ -108,6 +108,47 @@ def test_a_read_waiting_for_postgresql_holds_up_no_other_request(
         app.state.engine.dispose()
 
 
+def test_a_read_that_finds_every_connection_busy_gets_503(
+    postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The read pool's one connection is held by a detail waiting for a lock; a page then
+    waits `db_pool_timeout_seconds` for it and gets 503 with Retry-After (not a 500), the
+    server logs why, and the held detail and later reads answer once the lock goes."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgres_url,
+        db_read_pool_size=1,
+        db_pool_timeout_seconds=0.5,
+    )
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+
+    async def main() -> None:
+        async with _client_with_a_run(app) as (client, run_id):
+            detail = f"/api/v1/runs/{run_id}"
+            expected = (await client.get(detail)).json()
+            with app.state.engine.connect() as locker:
+                locker.execute(text("LOCK TABLE trace_points IN ACCESS EXCLUSIVE MODE"))
+                held = asyncio.create_task(client.get(detail))
+                await _backend_waits_for_a_lock(app)
+                busy = await client.get("/api/v1/runs?limit=5")
+                locker.rollback()
+            answer = await asyncio.wait_for(held, 20)
+            later = await client.get("/api/v1/runs?limit=5")
+        assert busy.status_code == 503, busy.text
+        assert busy.headers["Retry-After"] == "1"
+        assert busy.json() == {"detail": "every database connection is busy; try again"}
+        assert (answer.status_code, answer.json()) == (200, expected)
+        assert later.status_code == 200
+        assert later.json()["items"][0]["id"] == run_id
+
+    try:
+        asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
+    assert "GET /api/v1/runs: no database connection came free in time" in caplog.text
+
+
 @asynccontextmanager
 async def _every_thread_slot_taken() -> AsyncIterator[None]:
     limiter = anyio.to_thread.current_default_thread_limiter()
