@@ -13,7 +13,7 @@ For each built-in architecture (the small specs of training_cost.py), in fresh p
   `steps_per_execution=K`, Keras's several steps per compiled call.
 
 Two processes per case (one in a quick run), in the order job, (a), (b), (c), (c), (b),
-(a), job, and each case's faster process counts: on this 2-core machine a single process
+(a), job, and each case's faster process counts: on a 2-core machine a single process
 now and then ran a third slower through every epoch (an `mlp` job at 288 steps/s, 488 in
 the next process), which one process per case turned into a miss or a win of that size.
 Targets: the job >= 1.0 of (a) and of (b); (c) is shown for information. The training

@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.read_sessionmaker = make_read_sessionmaker(engine)
     app.state.loop_reads = LoopReads(
         engine,
+        app.state.read_sessionmaker,
         pool_size=settings.db_read_pool_size,
         pool_timeout=settings.db_pool_timeout_seconds,
     )

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service.db import make_async_read_engine, make_async_read_sessionmaker, make_read_sessionmaker
+from service.db import make_async_read_engine, make_async_read_sessionmaker
 
 T = TypeVar("T")
 
@@ -39,32 +39,31 @@ T = TypeVar("T")
 class LoopReads:
     """Read-only sessions for the hot reads, and where their work runs (see the module)."""
 
-    def __init__(self, engine: Engine, *, pool_size: int, pool_timeout: float) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        sessions: sessionmaker[Session],
+        *,
+        pool_size: int,
+        pool_timeout: float,
+    ) -> None:
+        """`sessions`: the app's read-only sessions of `engine`, which the reads use unless
+        the database is PostgreSQL."""
+        # The engine whose connections these reads use, for its events (on PostgreSQL the
+        # asyncio engine's sync face).
+        self.engine = engine
+        self._sessions = sessions
+        self._in_thread = engine.dialect.name not in ("sqlite", "postgresql")
         self._async_engine: AsyncEngine | None = None
         self._async_sessions: async_sessionmaker[AsyncSession] | None = None
-        self._sessions: sessionmaker[Session] | None = None
-        self._in_thread = engine.dialect.name not in ("sqlite", "postgresql")
         if engine.dialect.name == "postgresql":
             self._async_engine = make_async_read_engine(
                 engine.url, pool_size=pool_size, pool_timeout=pool_timeout
             )
             self._async_sessions = make_async_read_sessionmaker(self._async_engine)
-        else:
-            self._sessions = make_read_sessionmaker(engine)
-
-    @property
-    def engine(self) -> Engine:
-        """The engine whose connections these reads use, for its events (on PostgreSQL the
-        asyncio engine's sync face)."""
-        if self._async_engine is not None:
-            return self._async_engine.sync_engine
-        assert self._sessions is not None
-        bind = self._sessions.kw["bind"]
-        assert isinstance(bind, Engine)
-        return bind
+            self.engine = self._async_engine.sync_engine
 
     def _in_session(self, work: Callable[[Session], T]) -> T:
-        assert self._sessions is not None
         with self._sessions() as db:
             return work(db)
 
