@@ -101,23 +101,24 @@ def make_async_read_engine(url: URL, *, pool_size: int, pool_timeout: float) -> 
 
     No ping at checkout (a round trip: 8% of a read's CPU time under load): a connection the
     server has closed fails the read's first statement instead, SQLAlchemy then discards
-    every connection opened before, and the read is run again (service.api.reads)."""
+    every connection opened before, and the read is run again (service.api.reads).
+
+    Its connections are in autocommit from the start, for the reasons make_read_sessionmaker
+    gives; set on the engine rather than per session, autocommit is not switched on at every
+    checkout and off at every return (0.07-0.14 ms of a read's CPU time)."""
     return create_async_engine(
         url.set(drivername="postgresql+psycopg"),
         pool_size=pool_size,
         max_overflow=0,
         pool_timeout=pool_timeout,
+        isolation_level="AUTOCOMMIT",
     )
 
 
 def make_async_read_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """Asyncio sessions for work that only reads, in autocommit like make_read_sessionmaker's
-    (their sync sessions are ReadSessions)."""
-    return async_sessionmaker(
-        engine.execution_options(isolation_level="AUTOCOMMIT"),
-        sync_session_class=ReadSession,
-        expire_on_commit=False,
-    )
+    """Asyncio sessions for work that only reads (their sync sessions are ReadSessions), of
+    an engine from make_async_read_engine."""
+    return async_sessionmaker(engine, sync_session_class=ReadSession, expire_on_commit=False)
 
 
 def make_sessionmaker(
