@@ -90,32 +90,33 @@ def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
     return or_(candidate.audit_id.is_(None), ~has_copy, ~idle_elsewhere)
 
 
-def waiting_reason(*, db: Session, run: Run, settings: Settings) -> str | None:
-    """Why a queued run is not claimed: no live worker advertises its pinned image, or none
-    offers as many devices as it asks replicas (None when some live worker could take it)."""
-    if run.status != "queued":
-        return None
+def waiting_reason(
+    *, db: Session, required_image: str | None, replicas: int, settings: Settings
+) -> str | None:
+    """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
+    or none offers as many devices as it asks replicas (None when some live worker could
+    take it)."""
     live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
     live = db.execute(
         select(Worker.images, Worker.devices).where(Worker.last_seen_at >= live_since)
     ).all()
     reasons = []
-    if run.required_image is not None and not any(
-        run.required_image in (images or []) for images, _ in live
+    if required_image is not None and not any(
+        required_image in (images or []) for images, _ in live
     ):
         reasons.append(
-            f"no live worker advertises image {run.required_image}; the run stays queued "
+            f"no live worker advertises image {required_image}; the run stays queued "
             "until a worker that runs that image claims it"
         )
     most = max((devices for _, devices in live), default=0)
-    if run.replicas > 1 and run.replicas > most:  # every worker offers one device
+    if replicas > 1 and replicas > most:  # every worker offers one device
         offered = (
             f"the most devices any live worker offers is {most}" if live else "no worker is live"
         )
         reasons.append(
-            f"needs {run.replicas} replicas; {offered} (GPUs, or logical CPU devices a "
+            f"needs {replicas} replicas; {offered} (GPUs, or logical CPU devices a "
             "CPU-only worker allows with --cpu-replicas); the run stays queued until a worker "
-            f"with {run.replicas} devices claims it"
+            f"with {replicas} devices claims it"
         )
     return "; ".join(reasons) or None
 

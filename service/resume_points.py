@@ -14,13 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import ColumnElement, ScalarSelect, select
 from sqlalchemy.orm import Session
 
 from service import artifacts
+from service.json_rows import json_rows
 from service.models import Artifact, Run
 
 _NAME = re.compile(r"^(epoch|step)-(\d{6}|\d{9})\.(npz|json)$")
@@ -44,7 +44,11 @@ class ResumePoint:
 
 def steps_per_epoch(run: Run) -> int:
     """Optimizer steps in one epoch of the run's spec (one per training batch)."""
-    return max(int(run.experiment.spec["dataset"]["train_batches"]), 1)
+    return _steps_per_epoch(run.experiment.spec)
+
+
+def _steps_per_epoch(spec: dict[str, Any]) -> int:
+    return max(int(spec["dataset"]["train_batches"]), 1)
 
 
 Kind = Literal["epoch", "step"]
@@ -88,20 +92,24 @@ def complete_checkpoints(db: Session, run: Run) -> list[ResumePoint]:
     return [ResumePoint(*point) for point in _complete(files, steps_per_epoch(run))]
 
 
-@cache
-def _names_query() -> Select[Any]:
-    # Built once: building a statement costs more than running this one.
+def checkpoint_files(run_id: ColumnElement[int]) -> ScalarSelect[Any]:
+    """The name and epoch of each checkpoint file of the run `run_id` names, as a scalar
+    subquery (`json_rows`) to select in a statement about the run."""
     columns = Artifact.__table__.columns
-    return select(columns.name, columns.epoch).where(
-        columns.run_id == bindparam("run_id"), columns.kind == "checkpoint"
+    return (
+        select(json_rows(columns.name, columns.epoch))
+        .where(columns.run_id == run_id, columns.kind == "checkpoint")
+        .scalar_subquery()
     )
 
 
-def checkpoint_position(db: Session, run: Run) -> tuple[int | None, int | None]:
+def checkpoint_position(
+    files: Iterable[tuple[str, int | None]], spec: dict[str, Any]
+) -> tuple[int | None, int | None]:
     """The newest complete epoch checkpoint's epoch and the newest complete checkpoint's
-    global step (None when there is none): what a run's detail shows, read by name only."""
-    rows = db.execute(_names_query(), {"run_id": run.id})
-    points = _complete(((name, epoch, name) for name, epoch in rows), steps_per_epoch(run))
+    global step (None when there is none) among a run's checkpoint files (name, epoch):
+    what its detail shows. `spec`: the run's."""
+    points = _complete(((name, epoch, name) for name, epoch in files), _steps_per_epoch(spec))
     epochs = [epoch for kind, epoch, *_ in points if kind == "epoch"]
     return (max(epochs) if epochs else None), (points[-1][2] if points else None)
 

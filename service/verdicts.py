@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Integer,
+    ScalarSelect,
     Select,
     String,
     and_,
@@ -20,10 +21,14 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import QueryableAttribute, Session
+from sqlalchemy.orm import QueryableAttribute, Session, aliased
+from sqlalchemy.orm.util import AliasedClass
 
 from service.comparisons import compare
 from service.models import Run, TracePointRow, Verdict
+
+# What a trace point shows, in the API and to a comparison.
+TRACE_FIELDS = ("kind", "epoch", "step", "fingerprint", "variables")
 
 
 @cache
@@ -31,7 +36,7 @@ def _trace_query() -> Select[Any]:
     # Built once (building a statement costs more than running this one); the id is bound.
     columns = TracePointRow.__table__.columns
     return (
-        select(columns.kind, columns.epoch, columns.step, columns.fingerprint, columns.variables)
+        select(*(columns[name] for name in TRACE_FIELDS))
         .where(columns.run_id == bindparam("run_id"))
         .order_by(columns.seq)
     )
@@ -74,6 +79,21 @@ def _bound_ids(dialect: str, ids: set[int]) -> Any:
     return json.dumps(ordered) if dialect == "sqlite" else ordered
 
 
+def _succeeded_training(run: type[Run] | AliasedClass[Run]) -> ColumnElement[bool]:
+    # What a family's reference is the first of (by id).
+    return and_(run.status == "succeeded", run.kind == "train")
+
+
+def reference_of(family_id: ColumnElement[Any]) -> ScalarSelect[Any]:
+    """The reference of the family `family_id` names, as a scalar subquery to select in a
+    statement about one of its runs (NULL: the family has none yet)."""
+    member = aliased(Run)
+    # Status and kind inside MIN, as in `_heads_query`: in WHERE they made SQLite read
+    # every successful run of the table by the (kind, status) index.
+    first = func.min(case((_succeeded_training(member), member.id)))
+    return select(first).where(member.family_id == family_id).scalar_subquery()
+
+
 @cache
 def _heads_query(unfinished: bool, dialect: str) -> Select[Any]:
     # Built once per shape and dialect; the families are bound as one value. Filtering on
@@ -81,10 +101,7 @@ def _heads_query(unfinished: bool, dialect: str) -> Select[Any]:
     # successful run of the table; inside MIN it reads the families' rows by the family
     # index, and answers one row per family. The API's reads ask for the reference only
     # (the second column cost a page of runs 0.05-0.1 ms).
-    columns = [
-        Run.family_id,
-        func.min(case((and_(Run.status == "succeeded", Run.kind == "train"), Run.id))),
-    ]
+    columns = [Run.family_id, func.min(case((_succeeded_training(Run), Run.id)))]
     if unfinished:
         columns.append(func.min(case((Run.status.in_(("queued", "running")), Run.id))))
     members = _in_bound_ids(Run.family_id, "families", dialect)

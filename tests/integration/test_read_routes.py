@@ -23,7 +23,7 @@ from service.app import create_app
 from service.auth import create_token
 from service.config import Settings
 from service.migrate import upgrade
-from service.models import ApiToken, Run
+from service.models import ApiToken, Artifact, Run, TracePointRow, Verdict
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
@@ -239,6 +239,123 @@ def test_a_page_shows_a_runs_times_as_its_detail_does(settings: Settings) -> Non
     assert item["lease_expires_at"] == "2026-12-31T23:59:59.999999Z"
     assert item["created_at"].endswith("Z")
     assert item == {key: detail[key] for key in item}
+
+
+def _point(seq: int, kind: str, epoch: int, step: int) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "kind": kind,
+        "epoch": epoch,
+        "step": step,
+        "fingerprint": f"blake3:{kind}-{epoch}-{step}",
+        "variables": {"dense/kernel:0": f"k{step}", "dense/bias:0": f"b{step}"},
+    }
+
+
+def _artifact(run_id: int, name: str, epoch: int | None) -> Artifact:
+    return Artifact(
+        run_id=run_id,
+        kind="checkpoint",
+        name=name,
+        epoch=epoch,
+        sha256="0" * 64,
+        size=1,
+        storage_url="file:///nowhere",
+        attempt=1,
+    )
+
+
+def test_a_runs_detail_is_read_in_one_statement(settings: Settings) -> None:
+    """A run's detail reads its row, experiment, verdict, trace, checkpoint names and family
+    reference in one statement (a queued run's live workers in one more), and shows each
+    as stored: trace points in recorded order whatever order they were written in, the
+    newest complete checkpoints, the reference mark. A report stored in an older format is
+    built again for the answer and left as it is."""
+    app = create_app(settings)
+    points = [_point(0, "init", 0, 0), _point(1, "epoch", 1, 6), _point(2, "epoch", 2, 12)]
+    statements: list[str] = []
+
+    async def main() -> dict[str, Any]:
+        async with _client_with_a_run(app) as (client, first):
+            rerun = (await client.post(f"/api/v1/runs/{first}/rerun")).json()["id"]
+            old = (await client.post(f"/api/v1/runs/{first}/rerun")).json()["id"]
+            pinned = (await client.post(f"/api/v1/runs/{first}/rerun")).json()["id"]
+            with app.state.sessionmaker() as db:
+                done = {
+                    "status": "succeeded",
+                    "trace_granularity": "epoch",
+                    "final_fingerprint": points[-1]["fingerprint"],
+                }
+                db.execute(update(Run).where(Run.id.in_([first, rerun, old])).values(**done))
+                db.execute(update(Run).where(Run.id == pinned).values(required_image="img:nowhere"))
+                for run_id in (first, rerun, old):
+                    # Written out of order: the detail orders by the recorded sequence.
+                    for point in (points[2], points[0], points[1]):
+                        db.add(TracePointRow(run_id=run_id, **point))
+                # Epoch 1 and step 9 are complete; epoch 2 lacks its json.
+                names = [("epoch-000001", 1), ("step-000000009", None), ("epoch-000002", 2)]
+                for stem, epoch in names:
+                    for ext in ("npz", "json"):
+                        if stem != "epoch-000002" or ext == "npz":
+                            db.add(_artifact(first, f"{stem}.{ext}", epoch))
+                report = {"verdict": "identical", "explanation": "the same", "a": first}
+                db.add(
+                    Verdict(
+                        run_id=rerun, reference_run_id=first, verdict="identical", report=report
+                    )
+                )
+                stale = {"verdict": "alike"}  # not a verdict a report has now
+                db.add(
+                    Verdict(run_id=old, reference_run_id=first, verdict="identical", report=stale)
+                )
+                db.commit()
+            ids = {"first": first, "rerun": rerun, "old": old, "pinned": pinned}
+            answers = {}
+            for name, run_id in ids.items():
+                statements.clear()
+                answer = await client.get(f"/api/v1/runs/{run_id}")
+                assert answer.status_code == 200, answer.text
+                answers[name] = {**answer.json(), "statements": len(statements)}
+            missing = await client.get("/api/v1/runs/999999")
+            assert missing.status_code == 404
+            with app.state.sessionmaker() as db:
+                answers["stored"] = db.scalar(select(Verdict.report).where(Verdict.run_id == old))
+            return answers
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(app.state.loop_reads.engine, "before_cursor_execute", count)
+    try:
+        answers = asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
+    trace = [{k: v for k, v in p.items() if k != "seq"} for p in points]
+    first, rerun, old, pinned = (answers[k] for k in ("first", "rerun", "old", "pinned"))
+    assert [first["statements"], rerun["statements"]] == [1, 1]
+    assert first["trace"] == rerun["trace"] == trace
+    assert (first["checkpoint_epoch"], first["checkpoint_step"]) == (1, 9)
+    assert (rerun["checkpoint_epoch"], rerun["checkpoint_step"]) == (None, None)
+    assert [first["is_reference"], rerun["is_reference"], pinned["is_reference"]] == [
+        True,
+        False,
+        False,
+    ]
+    assert (first["verdict"], first["verdict_report"], first["reference_run_id"]) == (
+        None,
+        None,
+        None,
+    )
+    assert rerun["verdict"] == "identical"
+    assert rerun["reference_run_id"] == first["id"]
+    assert rerun["verdict_report"]["explanation"] == "the same"
+    assert rerun["spec"] == first["spec"] and rerun["seed"] == first["seed"]
+    assert old["verdict_report"]["verdict"] == "identical"  # compared again: same trace
+    assert old["verdict_report"]["b"] == old["id"]
+    assert answers["stored"] == {"verdict": "alike"}
+    assert pinned["statements"] == 2  # its row, then the live workers
+    assert "img:nowhere" in pinned["waiting_reason"]
+    assert pinned["trace"] == [] and pinned["status"] == "queued"
 
 
 def test_a_read_session_refuses_to_write(settings: Settings) -> None:

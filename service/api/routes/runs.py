@@ -26,7 +26,7 @@ from service.api.deps import (
 )
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.api.views import load_run, run_detail, run_out
+from service.api.views import run_detail, run_out
 from service.config import Settings
 from service.errors import NotFound
 from service.models import RUN_STATUSES, TERMINAL_STATUSES
@@ -101,10 +101,10 @@ async def get_run(
     """Everything about one run: spec, seed, status, provenance, trace, verdict."""
 
     def detail(db: Session) -> Response:
-        run = load_run(db, run_id)
-        if run is None:
+        found = run_detail(db, run_id, settings=settings)
+        if found is None:
             raise NotFound(f"run {run_id} does not exist")
-        return _json(run_detail(db, run, settings=settings))
+        return _json(found)
 
     return await reads.read(request, detail)
 
