@@ -10,15 +10,16 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Integer,
-    ScalarSelect,
     Select,
     String,
     and_,
     any_,
     bindparam,
     case,
+    false,
     func,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import QueryableAttribute, Session, aliased
@@ -84,14 +85,20 @@ def _succeeded_training(run: type[Run] | AliasedClass[Run]) -> ColumnElement[boo
     return and_(run.status == "succeeded", run.kind == "train")
 
 
-def reference_of(family_id: ColumnElement[Any]) -> ScalarSelect[Any]:
-    """The reference of the family `family_id` names, as a scalar subquery to select in a
-    statement about one of its runs (NULL: the family has none yet)."""
+def is_reference(run: type[Run]) -> ColumnElement[bool]:
+    """Whether the statement's run is its family's reference, as a column to select with it:
+    the family's first successful training (so a family's first run once it succeeds)."""
     member = aliased(Run)
     # Status and kind inside MIN, as in `_heads_query`: in WHERE they made SQLite read
     # every successful run of the table by the (kind, status) index.
     first = func.min(case((_succeeded_training(member), member.id)))
-    return select(first).where(member.family_id == family_id).scalar_subquery()
+    reference = select(first).where(member.family_id == run.family_id).scalar_subquery()
+    # The family's other runs are newer than its first: only they need the subquery.
+    return case(
+        (~and_(_succeeded_training(run), run.family_id.is_not(None)), false()),
+        (run.family_id == run.id, true()),
+        else_=func.coalesce(reference == run.id, false()),
+    )
 
 
 @cache

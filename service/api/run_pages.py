@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, aliased
 from service.api.views import out_columns, out_rows
 from service.models import Run, Verdict
 from service.schemas import MAX_ID, RunPage
+from service.verdicts import is_reference
 
 _CURSOR = re.compile(r"^before:([1-9]\d{0,9})$")
 MAX_CURSOR_CHARS = 40
@@ -118,7 +119,11 @@ def _page_query(
             type_coerce(c, String).label(c.key) if isinstance(c.type, DateTime) else c
             for c in columns
         )
-    query = _filtered(select(*columns), shape, verdicts=True)
+    # The reference marks come with the rows (a subquery for a rerun that succeeded): a
+    # second statement for them cost a PostgreSQL page about a fifth of its time.
+    query = _filtered(
+        select(*columns, is_reference(Run).label("is_reference")), shape, verdicts=True
+    )
     if after_cursor:
         query = query.where(Run.id < bindparam("before"))
     return query.order_by(Run.id.desc()).offset(bindparam("offset")).limit(bindparam("limit"))

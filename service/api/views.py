@@ -22,7 +22,7 @@ from service.config import Settings
 from service.json_rows import json_rows
 from service.models import Experiment, Run, TracePointRow, Verdict
 from service.schemas import ComparisonReport, RunDetail, RunOut
-from service.verdicts import TRACE_FIELDS, family_references, reference_of
+from service.verdicts import TRACE_FIELDS, family_references, is_reference
 
 # RunOut fields that are not columns of a run.
 _DERIVED = frozenset({"verdict", "is_reference"})
@@ -43,14 +43,16 @@ def _trains_ok(row: Mapping[Any, Any]) -> bool:
 
 
 def out_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows holding `out_columns()` (and `verdict`, when read with a join) completed with
-    verdicts and reference marks into RunOut's fields, in at most two more queries whatever
-    the page size."""
+    """Rows holding `out_columns()` (and `verdict` and `is_reference`, when read with them)
+    completed with verdicts and reference marks into RunOut's fields, in at most two more
+    queries whatever the page size."""
     if rows and "verdict" not in rows[0]:
         ids = [r["id"] for r in rows]
         found = db.execute(select(Verdict.run_id, Verdict.verdict).where(Verdict.run_id.in_(ids)))
         verdicts = {run_id: verdict for run_id, verdict in found}
         rows = [{**r, "verdict": verdicts.get(r["id"])} for r in rows]
+    if rows and "is_reference" in rows[0]:
+        return list(rows)
     # A family's first run is its reference once it succeeds (every other member is newer);
     # only the families of other successful members need a look.
     families = {r["family_id"] for r in rows if _trains_ok(r) and r["family_id"] != r["id"]}
@@ -117,7 +119,7 @@ def _detail_names() -> tuple[str, ...]:
     return (
         *_out_names(),
         *_DETAIL_COLUMNS,
-        *("spec", "spec_hash", "seed", "verdict", "reference_run_id"),
+        *("spec", "spec_hash", "seed", "verdict", "reference_run_id", "is_reference"),
     )
 
 
@@ -143,7 +145,7 @@ def _detail_query() -> Select[Any]:
             .scalar_subquery()
             .label("trace"),
             resume_points.checkpoint_files(runs.id).label("checkpoint_files"),
-            reference_of(runs.family_id).label("family_reference"),
+            is_reference(Run).label("is_reference"),
         )
         .join_from(Run, Experiment, Run.experiment_id == Experiment.id)
         .outerjoin(Verdict, Verdict.run_id == Run.id)
@@ -162,8 +164,6 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
     checkpoint_epoch, checkpoint_step = resume_points.checkpoint_position(
         row.checkpoint_files, row.spec
     )
-    # The family's reference is its first successful training (`reference_of`).
-    is_reference = _trains_ok(row._mapping) and row.family_reference == row.id
     waiting = (
         queue.waiting_reason(
             db=db, required_image=row.required_image, replicas=row.replicas, settings=settings
@@ -174,7 +174,6 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
     return RunDetail.model_validate(
         {
             **{name: row._mapping[name] for name in _detail_names()},
-            "is_reference": is_reference,
             "trace": [dict(zip(TRACE_FIELDS, p[1:], strict=True)) for p in sorted(row.trace)],
             "verdict_report": _report(db, run_id, row),
             "checkpoint_epoch": checkpoint_epoch,

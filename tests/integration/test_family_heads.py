@@ -6,9 +6,11 @@ from __future__ import annotations
 from itertools import cycle, islice
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
+from service.api import run_pages
+from service.api.views import run_detail
 from service.config import Settings
 from service.db import make_engine
 from service.models import Experiment, Run
@@ -31,7 +33,7 @@ def _fill(db: Session) -> dict[int, FamilyHead]:
     """FAMILIES families of the shapes above; each one's head, worked out here one by one."""
     experiment = Experiment(
         name="families",
-        spec={},
+        spec={"dataset": {"train_batches": 4}},
         spec_hash="h",
         submitted_spec_hash="h",
         seed=[1],
@@ -87,3 +89,38 @@ def test_heads_of_many_families_come_from_one_statement_whatever_their_number(
     # each, and PostgreSQL prepares it once.
     assert len(statements) == 2 + 2 * len(SHAPES)
     assert len(set(statements)) == 2, set(statements)  # with and without the unfinished
+
+
+def test_pages_and_details_mark_exactly_each_familys_reference(
+    migrated_settings: Settings,
+) -> None:
+    """The reference mark a page of runs and a run's detail read with the run itself is
+    set on the runs worked out here (each family's first successful training) and on no
+    other, trainings and re-traces alike."""
+    engine = make_engine(migrated_settings.resolved_database_url)
+    try:
+        with Session(engine) as db:
+            expected = _fill(db)
+            references = {head.reference for head in expected.values() if head.reference}
+            every_run = set(db.scalars(select(Run.id)))
+            marked = {
+                kind: {
+                    item.id
+                    for item in run_pages.list_runs(
+                        db=db, filters=run_pages.RunFilters(kind=kind), limit=500
+                    ).items
+                    if item.is_reference
+                }
+                for kind in ("train", "refine")
+            }
+            in_details = set()
+            for run_id in every_run:
+                detail = run_detail(db, run_id, settings=migrated_settings)
+                assert detail is not None
+                if detail.is_reference:
+                    in_details.add(run_id)
+    finally:
+        engine.dispose()
+    assert len(references) == FAMILIES * 3 // len(SHAPES)  # 3 of the shapes have one
+    assert marked == {"train": references, "refine": set()}
+    assert in_details == references
