@@ -8,7 +8,7 @@ everything it shows in one statement.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
@@ -38,7 +38,7 @@ def out_columns() -> tuple[ColumnElement[Any], ...]:
     return tuple(table[name] for name in RunOut.model_fields if name not in _DERIVED)
 
 
-def _trains_ok(row: Mapping[Any, Any]) -> bool:
+def _trains_ok(row: dict[str, Any]) -> bool:
     return bool(row["status"] == "succeeded" and row["kind"] == "train" and row["family_id"])
 
 

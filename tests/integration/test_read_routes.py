@@ -248,7 +248,12 @@ def _point(seq: int, kind: str, epoch: int, step: int) -> dict[str, Any]:
         "epoch": epoch,
         "step": step,
         "fingerprint": f"blake3:{kind}-{epoch}-{step}",
-        "variables": {"dense/kernel:0": f"k{step}", "dense/bias:0": f"b{step}"},
+        # Names a database's JSON functions must escape, in an order that is not sorted.
+        "variables": {
+            "dense/kernel:0": f"k{step}",
+            'emb "quoted" \\ é ✓/bias:0': f"b{step}",
+            "a/b\tc:0": "\u2028",
+        },
     }
 
 
@@ -334,6 +339,8 @@ def test_a_runs_detail_is_read_in_one_statement(settings: Settings) -> None:
     first, rerun, old, pinned = (answers[k] for k in ("first", "rerun", "old", "pinned"))
     assert [first["statements"], rerun["statements"]] == [1, 1]
     assert first["trace"] == rerun["trace"] == trace
+    # Each point's variables keep the order they were recorded in.
+    assert [list(p["variables"]) for p in first["trace"]] == [list(p["variables"]) for p in trace]
     assert (first["checkpoint_epoch"], first["checkpoint_step"]) == (1, 9)
     assert (rerun["checkpoint_epoch"], rerun["checkpoint_step"]) == (None, None)
     assert [first["is_reference"], rerun["is_reference"], pinned["is_reference"]] == [
