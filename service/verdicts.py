@@ -106,8 +106,8 @@ def _heads_query(unfinished: bool, dialect: str) -> Select[Any]:
     # Built once per shape and dialect; the families are bound as one value. Filtering on
     # status and kind in WHERE let SQLite pick the (kind, status) index and read every
     # successful run of the table; inside MIN it reads the families' rows by the family
-    # index, and answers one row per family. The API's reads ask for the reference only
-    # (the second column cost a page of runs 0.05-0.1 ms).
+    # index, and answers one row per family. Reads that need the reference only ask for it
+    # alone (the second column cost a page of runs 0.05-0.1 ms).
     columns = [Run.family_id, func.min(case((_succeeded_training(Run), Run.id)))]
     if unfinished:
         columns.append(func.min(case((Run.status.in_(("queued", "running")), Run.id))))

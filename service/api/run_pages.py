@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import DateTime, Select, String, bindparam, exists, func, select, type_coerce
 from sqlalchemy.orm import Session, aliased
 
-from service.api.views import out_columns, out_rows
+from service.api.views import out_columns
 from service.models import Run, Verdict
 from service.schemas import MAX_ID, RunPage
 from service.verdicts import is_reference
@@ -166,7 +166,7 @@ def list_runs(
     # Validated as one document: one call into pydantic, not one per run.
     return RunPage.model_validate(
         {
-            "items": out_rows(db, rows),
+            "items": rows,
             "next_cursor": encode_cursor(rows[-1]["id"]) if more else None,
             "total": total,
             "limit": limit,

@@ -8,7 +8,7 @@ everything it shows in one statement.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -22,7 +22,7 @@ from service.config import Settings
 from service.json_rows import json_rows
 from service.models import Experiment, Run, TracePointRow, Verdict
 from service.schemas import ComparisonReport, RunDetail, RunOut
-from service.verdicts import TRACE_FIELDS, family_references, is_reference
+from service.verdicts import TRACE_FIELDS, is_reference
 
 # RunOut fields that are not columns of a run.
 _DERIVED = frozenset({"verdict", "is_reference"})
@@ -38,39 +38,6 @@ def out_columns() -> tuple[ColumnElement[Any], ...]:
     return tuple(table[name] for name in RunOut.model_fields if name not in _DERIVED)
 
 
-def _trains_ok(row: dict[str, Any]) -> bool:
-    return bool(row["status"] == "succeeded" and row["kind"] == "train" and row["family_id"])
-
-
-def out_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows holding `out_columns()` (and `verdict` and `is_reference`, when read with them)
-    completed with verdicts and reference marks into RunOut's fields, in at most two more
-    queries whatever the page size."""
-    if rows and "verdict" not in rows[0]:
-        ids = [r["id"] for r in rows]
-        found = db.execute(select(Verdict.run_id, Verdict.verdict).where(Verdict.run_id.in_(ids)))
-        verdicts = {run_id: verdict for run_id, verdict in found}
-        rows = [{**r, "verdict": verdicts.get(r["id"])} for r in rows]
-    if rows and "is_reference" in rows[0]:
-        return list(rows)
-    # A family's first run is its reference once it succeeds (every other member is newer);
-    # only the families of other successful members need a look.
-    families = {r["family_id"] for r in rows if _trains_ok(r) and r["family_id"] != r["id"]}
-    references = set(family_references(db, families).values())
-    return [
-        {
-            **r,
-            "is_reference": _trains_ok(r) and (r["family_id"] == r["id"] or r["id"] in references),
-        }
-        for r in rows
-    ]
-
-
-def outs_of_rows(db: Session, rows: Sequence[dict[str, Any]]) -> list[RunOut]:
-    """RunOuts of rows holding `out_columns()` (see `out_rows`)."""
-    return [RunOut.model_validate(row) for row in out_rows(db, rows)]
-
-
 def _row_of(run: Run) -> dict[str, Any]:
     return {name: getattr(run, name) for name in _out_names()}
 
@@ -80,13 +47,28 @@ def _out_names() -> tuple[str, ...]:
     return tuple(name for name in RunOut.model_fields if name not in _DERIVED)
 
 
+@cache
+def _marks_query() -> Select[int, str, bool]:
+    # A run's verdict and reference mark, as a page and the detail read them with the run.
+    return (
+        select(Run.id, Verdict.verdict, is_reference(Run).label("is_reference"))
+        .outerjoin(Verdict, Verdict.run_id == Run.id)
+        .where(Run.id.in_(bindparam("ids", expanding=True)))
+    )
+
+
 def run_outs(db: Session, runs: Iterable[Run]) -> list[RunOut]:
-    """List views of loaded runs with their verdicts."""
-    return outs_of_rows(db, [_row_of(r) for r in runs])
+    """List views of loaded runs with their verdicts and reference marks (one query)."""
+    rows = [_row_of(r) for r in runs]
+    if not rows:
+        return []
+    found = db.execute(_marks_query(), {"ids": [r["id"] for r in rows]})
+    marks = {run_id: {"verdict": v, "is_reference": ref} for run_id, v, ref in found}
+    return [RunOut.model_validate({**r, **marks[r["id"]]}) for r in rows]
 
 
 def run_out(db: Session, run: Run) -> RunOut:
-    """The list view of one run, with its verdict."""
+    """The list view of one run, with its verdict and reference mark."""
     return run_outs(db, [run])[0]
 
 

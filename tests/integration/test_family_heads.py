@@ -10,7 +10,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from service.api import run_pages
-from service.api.views import run_detail
+from service.api.views import run_detail, run_outs
 from service.config import Settings
 from service.db import make_engine
 from service.models import Experiment, Run
@@ -91,12 +91,12 @@ def test_heads_of_many_families_come_from_one_statement_whatever_their_number(
     assert len(set(statements)) == 2, set(statements)  # with and without the unfinished
 
 
-def test_pages_and_details_mark_exactly_each_familys_reference(
+def test_pages_details_and_list_views_mark_exactly_each_familys_reference(
     migrated_settings: Settings,
 ) -> None:
-    """The reference mark a page of runs and a run's detail read with the run itself is
-    set on the runs worked out here (each family's first successful training) and on no
-    other, trainings and re-traces alike."""
+    """The reference mark of a page of runs, a run's detail and the list view of loaded runs
+    (what writes answer with) is set on the runs worked out here (each family's first
+    successful training) and on no other, trainings and re-traces alike."""
     engine = make_engine(migrated_settings.resolved_database_url)
     try:
         with Session(engine) as db:
@@ -113,6 +113,8 @@ def test_pages_and_details_mark_exactly_each_familys_reference(
                 }
                 for kind in ("train", "refine")
             }
+            loaded = db.scalars(select(Run)).all()
+            in_list_views = {out.id for out in run_outs(db, loaded) if out.is_reference}
             in_details = set()
             for run_id in every_run:
                 detail = run_detail(db, run_id, settings=migrated_settings)
@@ -123,4 +125,4 @@ def test_pages_and_details_mark_exactly_each_familys_reference(
         engine.dispose()
     assert len(references) == FAMILIES * 3 // len(SHAPES)  # 3 of the shapes have one
     assert marked == {"train": references, "refine": set()}
-    assert in_details == references
+    assert in_details == in_list_views == references
