@@ -4,8 +4,8 @@ Options: `--checkpoint-dir D` keeps epoch checkpoints (and step checkpoints when
 sets `training.checkpoint_every_steps`); `--resume` continues from the newest of either.
 `--no-logical-devices` refuses to split the CPU into logical devices for replicas.
 `--steps-per-call N` runs up to N optimizer steps per compiled call (default 1);
-traces and fingerprints do not depend on it, nor on `--classic-loop` (one step per call and
-TensorFlow reseeded every epoch, as jobs ran before).
+traces and fingerprints do not depend on it, nor on `--classic-loop` (one step per call, a
+dataset per epoch and TensorFlow reseeded every epoch, as jobs ran before).
 `--dataset-file F` is the stored dataset the spec names by digest (`dataset.data`): the
 file's digest must equal it. `--export-model M.keras` saves the final model on success.
 
@@ -93,8 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--classic-loop",
         action="store_true",
-        help="one step per call and TensorFlow reseeded every epoch, as jobs once ran: "
-        "slower, bitwise the same",
+        help="one step per call, a dataset per epoch and TensorFlow reseeded every epoch, "
+        "as jobs once ran: slower, bitwise the same",
     )
     p.add_argument(
         "--no-logical-devices",

@@ -64,6 +64,17 @@ def batches(dataset: tf.data.Dataset, generator: str) -> Iterator[tuple[Any, Any
         yield xy(batch, generator)
 
 
+def next_xy(iterator: Any, generator: str) -> tuple[Any, Any]:
+    """The next (x, y) of a batch iterator that must have one."""
+    try:
+        batch = next(iterator)
+    except StopIteration:
+        raise GeneratorError(generator, "ran out of batches before the epoch's end") from None
+    except tf.errors.OpError as exc:
+        raise GeneratorError(generator, f"failed while generating a batch: {exc.message}") from exc
+    return xy(batch, generator)
+
+
 class MultiStep:
     """A compiled function running k steps of `step_fn` on batches from an iterator."""
 
@@ -92,7 +103,7 @@ class MultiStep:
 
 def epoch_steps(
     *,
-    dataset: tf.data.Dataset,
+    iterator: Any,
     generator: str,
     single: Callable[[Any, Any], Any],
     multi: MultiStep | None,
@@ -105,12 +116,15 @@ def epoch_steps(
 ) -> Iterator[tuple[int, int, Any]]:
     """Train an epoch from `first_batch`; yields (batches done, global step, loss) per call.
 
-    `multi` None (or `steps_per_call` 1) runs one step per call, feeding `digest` the
-    batches when there is one. Otherwise each call runs `steps_per_call` steps, or single
-    steps where fewer remain before the next boundary (`steps_to_boundary(step)`).
+    `iterator` gives the epoch's batches from `first_batch` on (it may go on into the next
+    epochs': exactly `num_batches - first_batch` are taken). `multi` None (or
+    `steps_per_call` 1) runs one step per call, feeding `digest` the batches when there is
+    one. Otherwise each call runs `steps_per_call` steps, or single steps where fewer
+    remain before the next boundary (`steps_to_boundary(step)`).
     """
     if multi is None or steps_per_call == 1:
-        for batch, (x, y) in enumerate(batches(dataset, generator), start=first_batch + 1):
+        for batch in range(first_batch + 1, num_batches + 1):
+            x, y = next_xy(iterator, generator)
             if digest is not None:
                 digest.add_array(f"{batch - 1}/0", np.asarray(x))
                 digest.add_array(f"{batch - 1}/1", np.asarray(y))
@@ -118,7 +132,6 @@ def epoch_steps(
             step += 1
             yield batch, step, loss
         return
-    iterator = iter(dataset)
     batch = first_batch
     while batch < num_batches:
         left = min(num_batches - batch, steps_to_boundary(step))

@@ -153,3 +153,75 @@ def test_wrong_structure_is_named() -> None:
 
     with pytest.raises(GeneratorError, match="'untraceable'"):
         StatelessRngDataset(untraceable, batch_size=4, num_batches=2, base_seed=1)
+
+
+def _epoch_shuffled(indices: tf.Tensor, seed: tf.Tensor, epoch_seed: tf.Tensor) -> Any:
+    """A generator given its epoch's seed too, as the arrays generator's shuffle is."""
+    order = tf.random.experimental.index_shuffle(indices, epoch_seed, 1_000)
+    x = tf.random.stateless_normal([tf.shape(indices)[0], 3], seed=seed)
+    return x + tf.cast(order, tf.float32)[:, None], order
+
+
+@pytest.mark.parametrize("name", [*sorted(BUILTINS), "epoch_shuffled"])
+def test_one_pipeline_of_several_epochs_gives_each_epochs_batches(name: str) -> None:
+    """A run's single pipeline yields, in order, what a dataset per epoch would have."""
+    options: dict[str, Any] = {"deterministic_order": True, "shard_key": 3, "stream": 2}
+    if name == "epoch_shuffled":
+        ds = StatelessRngDataset(
+            _epoch_shuffled,
+            batch_size=32,
+            num_batches=12,
+            base_seed=(11, 22),
+            pass_epoch_seed=True,
+            **options,
+        )
+    else:
+        ds = _factory(name, **options)
+    expected = [
+        batch
+        for epoch in (2, 3, 4)
+        for batch in _emitted(ds.for_epoch(epoch))[5 if epoch == 2 else 0 :]
+    ]
+    # Resumed at batch 5 of epoch 2: 7 + 12 + 12 batches.
+    whole = ds.with_options(assert_cardinality=True).epochs_dataset(2, 4, first_batch=5)
+    assert int(whole.cardinality()) == 31
+    emitted = [[np.asarray(t) for t in tf.nest.flatten(b)] for b in whole]
+    assert len(emitted) == len(expected) == 31
+    assert all(_same(a, b) for a, b in zip(emitted, expected, strict=True))
+    # Epochs differ (the table of epoch seeds is indexed, not one seed reused).
+    assert not _same(emitted[7], emitted[19])
+    single = [[np.asarray(t) for t in tf.nest.flatten(b)] for b in ds.epochs_dataset(0, 0)]
+    assert all(_same(a, b) for a, b in zip(single, _emitted(ds), strict=True))
+
+
+def test_one_pipeline_refuses_positions_outside_its_epochs() -> None:
+    ds = _factory("regression")
+    for first, last, batch in ((3, 2, 0), (-1, 2, 0), (1, 2, 12), (1, 2, -1)):
+        with pytest.raises(ValueError):
+            ds.epochs_dataset(first, last, first_batch=batch)
+
+
+def test_other_epochs_shards_and_options_reuse_the_traced_generator() -> None:
+    """`for_epoch` and `with_options` trace the generator again only for options that
+    change its compiled form (XLA, the epoch seed argument)."""
+    traces = []
+
+    def counted(indices: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        traces.append(1)  # runs once per trace, never per batch
+        return tf.random.stateless_normal([tf.shape(indices)[0], 2], seed=seed)
+
+    ds = StatelessRngDataset(counted, batch_size=4, num_batches=3, base_seed=1)
+    assert len(traces) == 1
+    copies = [
+        ds.for_epoch(5),
+        ds.with_options(shard_key=1, stream=2),
+        ds.with_options(num_parallel_calls=None, prefetch_buffer=0),
+    ]
+    for copy in copies:
+        list(copy.as_dataset())
+        copy.make_batch(1)
+    assert len(traces) == 1
+    assert len({c.data_fingerprint() for c in [ds, *copies[:2]]}) == 3
+    assert copies[2].data_fingerprint() == ds.data_fingerprint()
+    ds.with_options(xla_compile_generator=True)
+    assert len(traces) == 2
