@@ -49,12 +49,10 @@ def epoch_dataset(data: StatelessRngDataset, epoch: int, first_batch: int) -> tf
 
 def metric_state(metrics: Sequence[keras.metrics.Metric]) -> dict[str, list[Any]]:
     """The running metrics' variables as JSON-safe lists (float32 is exact in JSON's float64)."""
+    values = {m.name: [np.asarray(v.numpy()) for v in m.variables] for m in metrics}
     return {
-        m.name: [
-            {"dtype": np.asarray(v.numpy()).dtype.name, "value": np.asarray(v.numpy()).tolist()}
-            for v in m.variables
-        ]
-        for m in metrics
+        name: [{"dtype": value.dtype.name, "value": value.tolist()} for value in read]
+        for name, read in values.items()
     }
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from worker import checkpoint
 from worker.checkpoint import (
     Syncer,
     list_checkpoints,
@@ -126,3 +129,23 @@ def test_a_failed_background_sync_fails_on_close(tmp_path: Path) -> None:
     syncer.sync(tmp_path / "gone.npz")  # removed before it could be synced
     with pytest.raises(CheckpointError, match="could not be synced"):
         syncer.close()
+
+
+def test_states_packed_in_memory_or_on_the_file_write_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small states are packed in memory and hashed there, large ones written and read back:
+    the same files and digests either way, each digest the file's."""
+    for name, limit in (("memory", checkpoint.PACK_IN_MEMORY_BYTES), ("file", 0)):
+        monkeypatch.setattr(checkpoint, "PACK_IN_MEMORY_BYTES", limit)
+        _save(tmp_path / name, epoch=1, scale=2.0)
+    memory, file = tmp_path / "memory" / "epoch-000001", tmp_path / "file" / "epoch-000001"
+    packed = memory.with_suffix(".npz").read_bytes()
+    assert packed == file.with_suffix(".npz").read_bytes()
+    for stem in (memory, file):
+        doc = json.loads(stem.with_suffix(".json").read_text())
+        assert doc["arrays_sha256"] == hashlib.sha256(packed).hexdigest()
+    restored = _state(0.0)
+    restore(load_checkpoint(memory.with_suffix(".json")), restored)
+    for (_, got), (_, want) in zip(restored, _state(2.0), strict=True):
+        assert got.value.tobytes() == want.value.tobytes()
