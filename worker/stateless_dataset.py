@@ -108,35 +108,36 @@ class StatelessRngDataset:
             # already traced and inspected. Tracing it again cost a small CNN's job about
             # a tenth of each epoch.
             self._generator, self.stateful_random_ops = _traced
-            self._prefix_seed = self._derive_prefix_seed()
-            return
-        epoch_spec = [tf.TensorSpec([2], tf.int64, name="epoch_seed")] if pass_epoch_seed else []
-        self._generator = tf.function(
-            batch_generator,
-            input_signature=[
-                tf.TensorSpec([None], tf.int64, name="indices"),
-                _SEED_SPEC,
-                *epoch_spec,
-            ],
-            jit_compile=xla_compile_generator,
-            reduce_retracing=True,
-        )
-        self.stateful_random_ops = self._inspect(forbid_stateful_rng)
+        else:
+            epoch_spec = (
+                [tf.TensorSpec([2], tf.int64, name="epoch_seed")] if pass_epoch_seed else []
+            )
+            self._generator = tf.function(
+                batch_generator,
+                input_signature=[
+                    tf.TensorSpec([None], tf.int64, name="indices"),
+                    _SEED_SPEC,
+                    *epoch_spec,
+                ],
+                jit_compile=xla_compile_generator,
+                reduce_retracing=True,
+            )
+            self.stateful_random_ops = self._inspect()
+        if self.stateful_random_ops and forbid_stateful_rng:
+            raise GeneratorError(
+                self.name,
+                f"uses stateful RNG ops ({', '.join(self.stateful_random_ops)}) while op "
+                "determinism is on; use tf.random.stateless_* with the seed it is given",
+            )
         self._prefix_seed = self._derive_prefix_seed()
 
-    def _inspect(self, forbid_stateful_rng: bool) -> list[str]:
+    def _inspect(self) -> list[str]:
         """Trace the generator once: check its output structure and find stateful RNG ops."""
         try:
             concrete = self._generator.get_concrete_function()
         except Exception as exc:
             raise GeneratorError(self.name, f"cannot be traced as a tf.function: {exc}") from exc
         ops = stateful_random_ops_in(concrete.graph.as_graph_def())
-        if ops and forbid_stateful_rng:
-            raise GeneratorError(
-                self.name,
-                f"uses stateful RNG ops ({', '.join(ops)}) while op determinism is on; "
-                "use tf.random.stateless_* with the seed it is given",
-            )
         leaves = tf.nest.flatten(concrete.structured_outputs)
         if not leaves:
             raise GeneratorError(self.name, "returned no tensors")

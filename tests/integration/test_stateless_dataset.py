@@ -139,6 +139,10 @@ def test_stateful_rng_is_named_and_refused_when_asked() -> None:
     assert "'noisy'" in str(info.value) and "RandomUniform" in str(info.value)
     allowed = StatelessRngDataset(noisy, batch_size=4, num_batches=2, base_seed=1)
     assert allowed.stateful_random_ops == ["RandomUniform"]
+    # A copy reuses the inspection, and still refuses when asked to.
+    assert allowed.for_epoch(3).stateful_random_ops == ["RandomUniform"]
+    with pytest.raises(GeneratorError, match="RandomUniform"):
+        allowed.with_options(forbid_stateful_rng=True)
 
 
 def test_wrong_structure_is_named() -> None:
