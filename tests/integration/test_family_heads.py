@@ -105,11 +105,11 @@ def test_pages_details_and_list_views_mark_exactly_each_familys_reference(
             every_run = set(db.scalars(select(Run.id)))
             marked = {
                 kind: {
-                    item.id
+                    item["id"]
                     for item in run_pages.list_runs(
                         db=db, filters=run_pages.RunFilters(kind=kind), limit=500
-                    ).items
-                    if item.is_reference
+                    )["items"]
+                    if item["is_reference"]
                 }
                 for kind in ("train", "refine")
             }

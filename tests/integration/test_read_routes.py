@@ -19,11 +19,14 @@ from fastapi import FastAPI
 from sqlalchemy import event, select, text, update
 from sqlalchemy.orm import Session
 
+from service.api import run_pages
+from service.api.views import run_outs
 from service.app import create_app
 from service.auth import create_token
 from service.config import Settings
 from service.migrate import upgrade
 from service.models import ApiToken, Artifact, Run, TracePointRow, Verdict
+from service.schemas import RunPage
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
@@ -239,6 +242,64 @@ def test_a_page_shows_a_runs_times_as_its_detail_does(settings: Settings) -> Non
     assert item["lease_expires_at"] == "2026-12-31T23:59:59.999999Z"
     assert item["created_at"].endswith("Z")
     assert item == {key: detail[key] for key in item}
+
+
+def test_a_page_is_written_byte_for_byte_as_runpage_writes_its_runs(settings: Settings) -> None:
+    """A page is written from its rows without validating them into models first; its body
+    is the bytes `RunPage` gives for the same runs loaded through the ORM: every field,
+    JSON columns with non-ASCII text and floats, verdicts, reference marks, the cursor."""
+    app = create_app(settings)
+
+    async def main() -> tuple[bytes, list[int]]:
+        async with _client_with_a_run(app) as (client, first):
+            rerun = (await client.post(f"/api/v1/runs/{first}/rerun")).json()["id"]
+            failed = (await client.post(f"/api/v1/runs/{first}/rerun")).json()["id"]
+            queued = (await client.post(f"/api/v1/runs/{first}/rerun")).json()["id"]
+            with app.state.sessionmaker() as db:
+                done = {
+                    "status": "succeeded",
+                    "started_at": datetime(2026, 1, 2, 3, 4, 5),
+                    "finished_at": datetime(2026, 1, 2, 3, 5, 0, 250),
+                    "final_fingerprint": "blake3:" + "ab" * 32,
+                    "progress": {"epoch": 3, "loss": 0.1 + 0.2, "note": "fertig ✓ \u2028"},
+                }
+                db.execute(update(Run).where(Run.id.in_([first, rerun])).values(**done))
+                error = {"type": "ValueError", "message": 'bad "value"\n', "traceback": None}
+                db.execute(update(Run).where(Run.id == failed).values(status="failed", error=error))
+                db.execute(
+                    update(Run)
+                    .where(Run.id == queued)
+                    .values(required_image="img@sha256:" + "0" * 64, attempt=2)
+                )
+                report = {"verdict": "identical", "explanation": "the same", "a": first}
+                db.add(
+                    Verdict(
+                        run_id=rerun, reference_run_id=first, verdict="identical", report=report
+                    )
+                )
+                db.commit()
+            answer = await client.get("/api/v1/runs?limit=3")
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["content-type"] == "application/json"
+            return answer.content, [queued, failed, rerun, first]
+
+    try:
+        body, newest_first = asyncio.run(main())
+        with app.state.sessionmaker() as db:
+            runs = {r.id: r for r in db.scalars(select(Run).where(Run.id.in_(newest_first)))}
+            items = run_outs(db, [runs[run_id] for run_id in newest_first[:3]])
+    finally:
+        app.state.engine.dispose()
+    expected = RunPage(
+        items=items,
+        next_cursor=run_pages.encode_cursor(newest_first[2]),
+        total=None,
+        limit=3,
+        offset=0,
+    )
+    assert body == expected.model_dump_json().encode()
+    marks = {item.id: (item.verdict, item.is_reference) for item in items}
+    assert marks[newest_first[2]] == ("identical", False)
 
 
 def _point(seq: int, kind: str, epoch: int, step: int) -> dict[str, Any]:

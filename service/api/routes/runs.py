@@ -85,11 +85,10 @@ async def list_runs(
     )
 
     def page(db: Session) -> Response:
-        return _json(
-            run_pages.list_runs(
-                db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
-            )
+        found = run_pages.list_runs(
+            db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
         )
+        return Response(run_pages.page_json(found), media_type="application/json")
 
     return await reads.read(request, page)
 
