@@ -11,8 +11,10 @@ tf.data's AUTOTUNE to that one CPU. Op determinism is on for every case, as in a
 - baseline (the ceiling): the same number of values with the same dtypes from one stateless
   op per output, computed before the eager op returns and viewed by NumPy without a copy.
 - also (info): the same dataset iterated in a Python loop, as a one-step-per-call loop
-  consumes it; and the conventional pipeline, a tf.data map drawing from the stateful
-  global RNG (`tf.random.normal`/`uniform`), which op determinism runs serially.
+  consumes it; the same dataset with a serial map (one generator call at a time), consumed
+  in a tf.function, which says what the map's parallel calls add; and the conventional
+  pipeline, a tf.data map drawing from the stateful global RNG (`tf.random.normal`/
+  `uniform`), which op determinism runs serially.
 
     .venv/bin/python -m benchmarks.pipeline --cores all --out rows.json
 """
@@ -44,8 +46,9 @@ class Config:
     rounds: int
     min_clean: int
     budget_s: float
-    # The Python-loop rows (information) on this many cores or more only: they are the
-    # slowest passes and the 2-core rows already show what a Python consumer costs.
+    # The Python-loop and serial-map rows (information) on this many cores or more only:
+    # the Python loop is the slowest pass and the 2-core rows already show what a Python
+    # consumer costs; on one core a serial map is what a parallel one is.
     python_loop_min_cores: int = 2
 
 
@@ -77,8 +80,26 @@ def pin_to_one_cpu() -> int:
     return cpu
 
 
-def _cause(extra_us: float, fixed_us: float, batch_us: float, conventional: float) -> str:
-    """Why a batch size misses the target: the fixed cost per element, or something else."""
+def _cause(
+    extra_us: float,
+    fixed_us: float,
+    batch_us: float,
+    conventional: float,
+    parallel: float | None = None,
+    serial: float | None = None,
+) -> str:
+    """Why a batch size misses the target: generation that does not scale across the cores,
+    the fixed cost per element, or something else (`parallel`, `serial`: the in-graph rows'
+    ratios with a parallel and a serial map)."""
+    if parallel is not None and serial is not None and parallel < 1.4 * serial:
+        return (
+            f"{extra_us:.0f} us more per batch than the fused op's {batch_us:.0f} us: the "
+            f"map's parallel calls reach {parallel / serial:.2f} times a serial map "
+            f"({serial:.2f} of the ceiling), where the fused op uses every core: batches "
+            "this small do not generate much faster side by side, and making several per "
+            "map call, which cuts tf.data's fixed cost per element, measured no better "
+            "(see the input pipeline finding in benchmarks/README.md)"
+        )
     if extra_us <= 3 * fixed_us:
         return (
             f"{extra_us:.0f} us more per batch than the fused op's {batch_us:.0f} us: tf.data "
@@ -165,10 +186,13 @@ def measure(cfg: Config, *, cores_label: str) -> list[Row]:
         runs: dict[str, Callable[[], int]] = {
             "in_graph": in_graph_consumer(ds),
             "stateless": partial(consume, ds),
+            "serial": in_graph_consumer(
+                data.with_options(num_parallel_calls=None, prefetch_buffer=AUTOTUNE).as_dataset()
+            ),
             "stateful": partial(consume, conventional(batch_size)),
         }
         if cores < cfg.python_loop_min_cores:
-            del runs["stateless"]
+            del runs["stateless"], runs["serial"]
         for kind, run in runs.items():
             cases.append(
                 (batch_size, kind, Timed(f"{kind}, batch {batch_size}", run, total_values))
@@ -194,6 +218,7 @@ def measure(cfg: Config, *, cores_label: str) -> list[Row]:
         what = {
             "in_graph": "StatelessRngDataset consumed in a tf.function",
             "stateless": "StatelessRngDataset, Python loop",
+            "serial": "StatelessRngDataset consumed in a tf.function, serial map",
             "stateful": "conventional stateful-RNG map",
         }[kind]
         row = Row(
@@ -211,11 +236,15 @@ def measure(cfg: Config, *, cores_label: str) -> list[Row]:
             row.target = f">= {TARGET:.2f}"
             row.met = ratio >= TARGET
             if not row.met:
+                serial = by_case.get((batch_size, "serial"))
                 row.cause = _cause(
                     extra_us(batch_size, timed),
                     fixed_us,
                     batch_size * values_per_row / fused.rate * 1e6,
                     by_case[batch_size, "stateful"].rate / fused.rate,
+                    parallel=ratio,
+                    # On one core a parallel map has no second core to use anyway.
+                    serial=None if serial is None or cores < 2 else serial.rate / fused.rate,
                 ) + ("; measured while other processes were busy" if row.noisy else "")
         rows.append(row)
     return rows
