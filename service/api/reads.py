@@ -21,11 +21,11 @@ the sync routes. Any other server database is read in the thread pool.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import Request
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
@@ -67,25 +67,50 @@ class LoopReads:
         with self._sessions() as db:
             return work(db)
 
+    def _in_connection(self, work: Callable[[Connection], T]) -> T:
+        with self.engine.connect() as connection:
+            return work(connection)
+
     async def run(self, work: Callable[[Session], T]) -> T:
         """`work(session)`'s result, with a read-only session of its own."""
         if self._async_sessions is not None:
-            try:
-                return await self._run_async(work)
-            except DBAPIError as error:
-                # The connection had been closed by the server (a restart, an idle timeout):
-                # the pool has discarded it and every other as old, and a read can run again.
-                if not error.connection_invalidated:
-                    raise
-            return await self._run_async(work)
+            return await self._again_if_closed(self._run_async, work)
         if self._in_thread:
             return await run_in_threadpool(self._in_session, work)
         return self._in_session(work)
+
+    async def run_core(self, work: Callable[[Connection], T]) -> T:
+        """`work(connection)`'s result, for work that only runs SELECT statements of its
+        own (Core, no ORM): on a connection of the same pool, without a session. Creating
+        an AsyncSession and its transaction cost a PostgreSQL page of runs 0.2 ms of CPU,
+        a fifth of it timed in one process."""
+        if self._async_engine is not None:
+            return await self._again_if_closed(self._run_core_async, work)
+        if self._in_thread:
+            return await run_in_threadpool(self._in_connection, work)
+        return self._in_connection(work)
+
+    async def _again_if_closed(
+        self, run: Callable[[Callable[[Any], T]], Awaitable[T]], work: Callable[[Any], T]
+    ) -> T:
+        try:
+            return await run(work)
+        except DBAPIError as error:
+            # The connection had been closed by the server (a restart, an idle timeout): the
+            # pool has discarded it and every other as old, and a read can run again.
+            if not error.connection_invalidated:
+                raise
+        return await run(work)
 
     async def _run_async(self, work: Callable[[Session], T]) -> T:
         assert self._async_sessions is not None
         async with self._async_sessions() as db:
             return await db.run_sync(work)
+
+    async def _run_core_async(self, work: Callable[[Connection], T]) -> T:
+        assert self._async_engine is not None
+        async with self._async_engine.connect() as connection:
+            return await connection.run_sync(work)
 
     async def dispose(self) -> None:
         """Close the pooled asyncio connections (the other sessions use the app's engine)."""
@@ -97,3 +122,9 @@ async def read(request: Request, work: Callable[[Session], T]) -> T:
     """`work(session)`'s result, with a read-only session, run as the module says."""
     loop_reads: LoopReads = request.app.state.loop_reads
     return await loop_reads.run(work)
+
+
+async def read_core(request: Request, work: Callable[[Connection], T]) -> T:
+    """`work(connection)`'s result, for SELECTs only (`LoopReads.run_core`)."""
+    loop_reads: LoopReads = request.app.state.loop_reads
+    return await loop_reads.run_core(work)

@@ -18,8 +18,17 @@ from functools import cache
 from typing import Any
 
 from pydantic_core import CoreSchema, SchemaSerializer, core_schema
-from sqlalchemy import ColumnElement, DateTime, Select, bindparam, exists, func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    DateTime,
+    Select,
+    bindparam,
+    exists,
+    func,
+    select,
+)
+from sqlalchemy.orm import aliased
 
 from service.api.views import out_columns
 from service.models import Run, Verdict
@@ -173,7 +182,7 @@ def page_json(page: dict[str, Any]) -> bytes:
 
 def list_runs(
     *,
-    db: Session,
+    db: Connection,
     filters: RunFilters,
     limit: int,
     cursor: str | None = None,
@@ -196,7 +205,7 @@ def list_runs(
     if cursor is not None:
         values["before"] = decode_cursor(cursor)
     # Core rows, not ORM entities: a list shows columns only.
-    result = db.connection().execute(query, values)
+    result = db.execute(query, values)
     keys = tuple(result.keys())
     rows = [dict(zip(keys, row, strict=True)) for row in result.all()]
     more = len(rows) > limit

@@ -107,7 +107,7 @@ def test_pages_details_and_list_views_mark_exactly_each_familys_reference(
                 kind: {
                     item["id"]
                     for item in run_pages.list_runs(
-                        db=db, filters=run_pages.RunFilters(kind=kind), limit=500
+                        db=db.connection(), filters=run_pages.RunFilters(kind=kind), limit=500
                     )["items"]
                     if item["is_reference"]
                 }

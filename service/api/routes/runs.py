@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, BaseModel
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 from starlette.types import Receive, Scope, Send
 
@@ -84,13 +85,13 @@ async def list_runs(
         kind=kind, status=status, experiment_id=experiment_id, verdict=verdict
     )
 
-    def page(db: Session) -> Response:
+    def page(db: Connection) -> Response:
         found = run_pages.list_runs(
             db=db, filters=filters, limit=limit, cursor=cursor, offset=offset, count=count
         )
         return Response(run_pages.page_json(found), media_type="application/json")
 
-    return await reads.read(request, page)
+    return await reads.read_core(request, page)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=errors(404, 422))
