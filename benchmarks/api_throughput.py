@@ -156,7 +156,8 @@ def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) 
     """The figures of one endpoint's load; `server_cpu_ms` is the server process's CPU time
     per answered request (user + system), which says where a low rate comes from,
     `server_switches` its threads' context switches per request, which show threads taking
-    turns at the GIL, and `database_cpu_ms` PostgreSQL's CPU, which shares the machine."""
+    turns at the GIL, `database_cpu_ms` PostgreSQL's CPU and `client_cpu_ms` the load
+    processes', which share the machine."""
     plans = [
         Plan(
             **plan_base,
@@ -187,6 +188,8 @@ def _load(server: Server, kind: str, plan_base: dict[str, Any], seconds: float) 
         result.server_switches = (switches_after - switches_before) / len(records)
     if db_before is not None and db_after is not None and records:
         result.database_cpu_ms = (db_after - db_before) / len(records) * 1000
+    if records:
+        result.client_cpu_ms = sum(o.cpu_seconds for o in outcomes) / len(records) * 1000
     return result
 
 
@@ -215,6 +218,11 @@ def _cause(got: Any, floor: Any, database: str) -> str:
         if got.database_cpu_ms is None
         else f"; PostgreSQL, on the same cores, spends {got.database_cpu_ms:.2f} ms a request"
     )
+    if got.client_cpu_ms is not None and floor.client_cpu_ms is not None:
+        own += (
+            f"; the load clients, on the same cores too, spend {got.client_cpu_ms:.2f} ms a "
+            f"request against {floor.client_cpu_ms:.2f} ms for /healthz"
+        )
     return (
         f"the server spends {got.server_cpu_ms:.2f} ms of CPU per request against "
         f"{floor.server_cpu_ms:.2f} ms for /healthz (one interpreter: at most "
@@ -302,6 +310,8 @@ def measure_database(database: str, budget: Budget) -> list[Row]:
                         "server_cpu_ms": got.server_cpu_ms,
                         "baseline_server_cpu_ms": floor.server_cpu_ms,
                         "database_cpu_ms": got.database_cpu_ms,
+                        "client_cpu_ms": got.client_cpu_ms,
+                        "baseline_client_cpu_ms": floor.client_cpu_ms,
                         "server_switches": got.server_switches,
                         "baseline_server_switches": floor.server_switches,
                         "p50_ms": got.p50_ms,

@@ -97,6 +97,7 @@ class Outcome:
     records: list[tuple[int, int, float]]
     elapsed: float
     error_samples: list[str]
+    cpu_seconds: float = 0.0  # the load process's own CPU time (user + system) meanwhile
 
 
 def _one_request(
@@ -156,7 +157,7 @@ def load_process(plan: Plan, start: Any, results: Any) -> None:
     errors: list[str] = []
     ended: list[float] = []
     start.wait(timeout=120)  # every process starts the clock together
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time()
     deadline = began + plan.duration
     threads = [
         threading.Thread(
@@ -172,7 +173,8 @@ def load_process(plan: Plan, start: Any, results: Any) -> None:
     for thread in threads:
         thread.join(timeout=plan.duration + REQUEST_TIMEOUT + 30)
     elapsed = (max(ended) if ended else time.perf_counter()) - began
-    results.put(Outcome(records=records, elapsed=elapsed, error_samples=errors))
+    cpu = time.process_time() - cpu_began
+    results.put(Outcome(records=records, elapsed=elapsed, error_samples=errors, cpu_seconds=cpu))
 
 
 # -- the server's side ----------------------------------------------------------------------
@@ -232,6 +234,7 @@ class Figures:
     server_cpu_ms: float | None = None  # the server's CPU time per request, when measured
     database_cpu_ms: float | None = None  # a PostgreSQL server's (every backend), likewise
     server_switches: float | None = None  # the server's context switches per request
+    client_cpu_ms: float | None = None  # the load processes' CPU time per request
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
