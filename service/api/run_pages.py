@@ -150,7 +150,8 @@ def _page_columns() -> tuple[ColumnElement[Any], ...]:
 def _typed_dict_of(model: CoreSchema) -> CoreSchema:
     """A model's core schema as a typed dict's: the same fields, serialized the same way,
     from a plain dict; a datetime (nullable or not) as the text `utc_iso` gives."""
-    assert model["type"] == "model" and model["schema"]["type"] == "model-fields"
+    if model["type"] != "model" or model["schema"]["type"] != "model-fields":
+        raise RuntimeError(f"not a plain model's schema: {model['type']}")
     fields: dict[str, core_schema.TypedDictField] = {}
     for name, field in model["schema"]["fields"].items():
         schema = field["schema"]
@@ -162,7 +163,7 @@ def _typed_dict_of(model: CoreSchema) -> CoreSchema:
         if schema["type"] == "nullable":
             inner = core_schema.nullable_schema(inner)
         fields[name] = core_schema.typed_dict_field(inner)
-    return core_schema.typed_dict_schema(fields)
+    return core_schema.typed_dict_schema(fields, config=model.get("config"))
 
 
 @cache
