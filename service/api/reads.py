@@ -10,9 +10,10 @@ one (a count or a deep offset over 100,000 runs: 3-15 ms) holds up every other r
 for that long.
 
 With PostgreSQL the same sync code runs on the event loop over psycopg's asyncio
-connections (`AsyncSession.run_sync`): each time it waits for the database, the loop
-serves other requests, so a slow network or a long query holds up neither another request
-nor a thread. Read in the thread pool, a run's detail cost the server a third more CPU
+connections (`run_sync` of an asyncio session, or of a bare connection for work that runs
+only SELECTs of its own, such as a page of runs): each time it waits for the database,
+the loop serves other requests, so a slow network or a long query holds up neither
+another request nor a thread. Read in the thread pool, a run's detail cost the server a third more CPU
 time (2.5 against 1.9 ms with 16 in flight), spent on the pool's threads taking turns at
 the GIL (80 context switches a read; see benchmarks/README.md). These connections are a
 pool of their own (`db_read_pool_size`) next to the app's engine, which serves writes and
@@ -37,7 +38,8 @@ T = TypeVar("T")
 
 
 class LoopReads:
-    """Read-only sessions for the hot reads, and where their work runs (see the module)."""
+    """Read-only sessions (or connections) for the hot reads, and where their work runs (see
+    the module)."""
 
     def __init__(
         self,
