@@ -13,11 +13,11 @@ With PostgreSQL the same sync code runs on the event loop over psycopg's asyncio
 connections (`run_sync` of an asyncio session, or of a bare connection for work that runs
 only SELECTs of its own, such as a page of runs): each time it waits for the database,
 the loop serves other requests, so a slow network or a long query holds up neither
-another request nor a thread. Read in the thread pool, a run's detail cost the server a third more CPU
-time (2.5 against 1.9 ms with 16 in flight), spent on the pool's threads taking turns at
-the GIL (80 context switches a read; see benchmarks/README.md). These connections are a
-pool of their own (`db_read_pool_size`) next to the app's engine, which serves writes and
-the sync routes. Any other server database is read in the thread pool.
+another request nor a thread. Read in the thread pool, a run's detail cost the server a
+third more CPU time (2.5 against 1.9 ms with 16 in flight), spent on the pool's threads
+taking turns at the GIL (80 context switches a read; see benchmarks/README.md). These
+connections are a pool of their own (`db_read_pool_size`) next to the app's engine, which
+serves writes and the sync routes. Any other server database is read in the thread pool.
 """
 
 from __future__ import annotations
