@@ -200,8 +200,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--plot",
         type=Path,
         metavar="PATH",
-        default=DEFAULT_PLOT,
-        help="where to write the PNG (default: benchmarks/results.png)",
+        help="where to write the PNG (default: benchmarks/results.png for a full run; a run "
+        "with --quick or --only writes one only to a path given here)",
     )
     parser.add_argument(
         "--write-readme",
@@ -211,6 +211,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.write_readme and (args.quick or args.only):
         parser.error("--write-readme publishes full runs only: drop --quick and --only")
+    if args.plot is None and not (args.quick or args.only):
+        # The README shows this file: a partial run would replace a full run's curves.
+        args.plot = DEFAULT_PLOT
     return args
 
 
@@ -264,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.json:
         write_json(args.json, rows, machine=env, command=command, seconds=seconds, total=total)
-    if rows:
+    if rows and args.plot is not None:
         if importlib.util.find_spec("matplotlib") is None:  # optional: the `bench` extra
             progress("no plot: install matplotlib with .venv/bin/pip install -e '.[bench]'")
         else:

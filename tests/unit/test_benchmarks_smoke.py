@@ -79,3 +79,12 @@ def test_training_rows_come_from_the_keras_sections_jobs(tmp_path: Path) -> None
         fit["fit_nondeterministic"],
     )
     assert "training mlp, op determinism" not in done.stderr  # it started no job of its own
+
+
+def test_only_a_full_run_replaces_the_readmes_plot_by_default() -> None:
+    from benchmarks.run_all import DEFAULT_PLOT, parse_args
+
+    assert parse_args([]).plot == DEFAULT_PLOT
+    assert parse_args(["--only", "api"]).plot is None
+    assert parse_args(["--quick"]).plot is None
+    assert parse_args(["--quick", "--plot", "x.png"]).plot == Path("x.png")
