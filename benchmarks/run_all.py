@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.machine import describe, machine
+from benchmarks.pipeline import with_one_core_bound
 from benchmarks.readme import README, write_readme
 from benchmarks.rounds import progress
 from benchmarks.rows import Row, read_rows, render_table, target_summary, write_json
@@ -69,8 +70,9 @@ def run_child(module: str, *args: str) -> list[Row]:
 
 def _pipeline(quick: bool) -> list[Row]:
     flag = ["--quick"] if quick else []
-    return run_child("benchmarks.pipeline", "--cores", "all", *flag) + run_child(
-        "benchmarks.pipeline", "--cores", "1", *flag
+    return with_one_core_bound(
+        run_child("benchmarks.pipeline", "--cores", "all", *flag)
+        + run_child("benchmarks.pipeline", "--cores", "1", *flag)
     )
 
 
