@@ -6,9 +6,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from benchmarks.pipeline import TARGET, with_one_core_bound
 from benchmarks.readme import BEGIN, END, README, replace_block
+from benchmarks.rows import Row
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -91,10 +92,7 @@ def test_only_a_full_run_replaces_the_readmes_plot_by_default() -> None:
     assert parse_args(["--quick", "--plot", "x.png"]).plot == Path("x.png")
 
 
-def _pipeline_row(batch: int, cores: int, measured: float, fused: float) -> Any:
-    from benchmarks.pipeline import TARGET
-    from benchmarks.rows import Row
-
+def _pipeline_row(batch: int, cores: int, measured: float, fused: float) -> Row:
     ratio = measured / fused
     return Row(
         section="pipeline",
@@ -112,8 +110,6 @@ def _pipeline_row(batch: int, cores: int, measured: float, fused: float) -> Any:
 
 
 def test_a_multi_core_pipeline_miss_says_what_one_cores_rate_allows() -> None:
-    from benchmarks.pipeline import with_one_core_bound
-
     # The figures of a published full run (Mvalues/s): fused op 161.4 on 2 cores, 83.5 on 1.
     rows = [
         _pipeline_row(64, 2, 106.8e6, 161.4e6),
