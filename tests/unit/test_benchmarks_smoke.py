@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import arrays_pipeline
 from benchmarks.pipeline import TARGET, with_one_core_bound
 from benchmarks.readme import BEGIN, END, README, replace_block
+from benchmarks.rounds import Timed
 from benchmarks.rows import Row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,3 +132,26 @@ def test_a_multi_core_pipeline_miss_says_what_one_cores_rate_allows() -> None:
     # Rows that met their target, and the 1-core rows, keep their causes.
     assert b1024.cause == "" and one1024.cause == ""
     assert one64.cause == "per-process cause" and one256.cause == ""
+
+
+def _timed_batch(name: str, batch_us: float, batch: int = 256, batches: int = 32) -> Timed:
+    """A side of the arrays section whose best pass took `batch_us` a batch."""
+    values = batches * batch * (32 * 32 * 3 + 1)
+    return Timed(name, lambda: values, values, [batch_us * batches / 1e6], [True])
+
+
+def test_an_arrays_miss_splits_its_gap_into_the_crop_and_the_rest() -> None:
+    # The figures of a run of the section (us a batch at B=256).
+    cause = arrays_pipeline._cause(
+        256,
+        _timed_batch("arrays", 8685),
+        _timed_batch("baseline", 7783),
+        _timed_batch("arrays, no crop or flip", 6968),
+        _timed_batch("baseline, no crop or flip", 6371),
+    )
+    assert cause.startswith("902 us a batch more than the baseline's 7783 us")
+    assert "cost the generator 1717 us a batch" in cause
+    assert "and the baseline 1412 us" in cause
+    # The two parts add up to the gap: 305 + 597 = 902.
+    assert "+305 us of the gap; without them the generator is 597 us a batch behind" in cause
+    assert "(0.91 of the baseline)" in cause
