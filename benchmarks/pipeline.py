@@ -6,8 +6,10 @@ tf.data's AUTOTUNE to that one CPU. Op determinism is on for every case, as in a
 
 - measured (the target's rows): `StatelessRngDataset(..., num_parallel_calls=AUTOTUNE,
   prefetch=AUTOTUNE, deterministic_order=True).as_dataset()` consumed inside a tf.function
-  (a loop over the dataset in the compiled function, no Python work per element), as the
-  training loop's several-steps-per-call function consumes it; every value is counted.
+  (a loop over the dataset in the compiled function, no Python work per element): in-graph
+  consumption, as the training loop's several-steps-per-call function consumes the dataset,
+  though that function takes its batches with 16 `get_next` per call, which costs more per
+  batch (see the input pipeline finding in benchmarks/README.md); every value is counted.
 - baseline (the ceiling): the same number of values with the same dtypes from one stateless
   op per output, computed before the eager op returns and viewed by NumPy without a copy.
 - also (info): the same dataset iterated in a Python loop, as a one-step-per-call loop
