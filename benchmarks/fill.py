@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, func, insert, select, update
+from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
 from service.models import Experiment, Run, utcnow
@@ -59,13 +59,25 @@ def _fields(status: str, created: datetime, n: int) -> dict[str, Any]:
 
 
 def fill_runs(database_url: str, count: int, *, queued: int = 100) -> int:
-    """Add `count` runs, the newest `queued` of them queued; returns the runs now stored."""
+    """Add `count` runs, the newest `queued` of them queued; returns the runs now stored.
+
+    Rows get their ids here, after the newest stored ones, in the order the database gave
+    them before (a batch's first runs, then its reruns), so the inserts return nothing, and
+    every run names every column: the ORM sends a batch's consecutive rows that name the
+    same columns as one statement, and leaves out those that are None, so the mix of
+    statuses had cut each batch into statements of a few rows, whose returned ids it
+    spliced onto all those before. Filling 90,000 runs took SQLite 14 s and PostgreSQL
+    25-27 s that way, now 8 and 10, with the same rows. PostgreSQL's id sequences are moved
+    past the new ids at the end.
+    """
     engine = create_engine(database_url)
     base = _base_spec()
     now = utcnow()
     try:
         with Session(engine) as db:
             start = db.scalar(select(func.count()).select_from(Run)) or 0
+            next_experiment = (db.scalar(select(func.max(Experiment.id))) or 0) + 1
+            next_run = (db.scalar(select(func.max(Run.id))) or 0) + 1
             for first in range(0, count, BATCH):
                 positions = range(first, min(first + BATCH, count))
 
@@ -76,12 +88,13 @@ def fill_runs(database_url: str, count: int, *, queued: int = 100) -> int:
                     return now - timedelta(seconds=count - p)
 
                 originals = [p for p in positions if not is_rerun(p)]
-                experiments = []
+                experiments: list[dict[str, Any]] = []
                 for p in originals:
                     spec = {**base, "name": f"fill-{start + p}", "seed": [start + p, 7]}
                     spec_hash = _digest("sha256", json.dumps(spec, sort_keys=True))
                     experiments.append(
                         {
+                            "id": next_experiment + len(experiments),
                             "name": spec["name"],
                             "spec": spec,
                             "spec_hash": spec_hash,
@@ -91,44 +104,46 @@ def fill_runs(database_url: str, count: int, *, queued: int = 100) -> int:
                             "created_at": created(p),
                         }
                     )
-                experiment_ids = db.scalars(
-                    insert(Experiment).returning(Experiment.id, sort_by_parameter_order=True),
-                    experiments,
-                ).all()
-                run_rows = [
-                    {
-                        "experiment_id": experiment_id,
-                        **_fields(
-                            "queued" if p >= count - queued else _STATUSES[p % 10],
-                            created(p),
-                            start + p,
-                        ),
+                next_experiment += len(experiments)
+                run_rows: dict[int, dict[str, Any]] = {}
+                for p, experiment in zip(originals, experiments, strict=True):
+                    run_id = next_run + len(run_rows)
+                    status = "queued" if p >= count - queued else _STATUSES[p % 10]
+                    run_rows[p] = {
+                        "id": run_id,
+                        "experiment_id": experiment["id"],
+                        "rerun_of_id": None,
+                        "family_id": run_id,
+                        **_fields(status, created(p), start + p),
                     }
-                    for p, experiment_id in zip(originals, experiment_ids, strict=True)
-                ]
-                run_ids = db.scalars(
-                    insert(Run).returning(Run.id, sort_by_parameter_order=True), run_rows
-                ).all()
-                by_position = dict(zip(originals, zip(run_ids, run_rows, strict=True), strict=True))
                 # A rerun repeats the run four places before it: same experiment and family.
-                reruns = [
-                    {
-                        "experiment_id": by_position[p - 4][1]["experiment_id"],
-                        "rerun_of_id": by_position[p - 4][0],
-                        "family_id": by_position[p - 4][0],
-                        **_fields("succeeded", created(p), start + p),
-                    }
-                    for p in positions
-                    if is_rerun(p)
-                ]
-                if reruns:
-                    db.execute(insert(Run), reruns)
-                db.execute(update(Run).where(Run.family_id.is_(None)).values(family_id=Run.id))
+                for p in positions:
+                    if is_rerun(p):
+                        first_run = run_rows[p - 4]
+                        run_rows[p] = {
+                            "id": next_run + len(run_rows),
+                            "experiment_id": first_run["experiment_id"],
+                            "rerun_of_id": first_run["id"],
+                            "family_id": first_run["id"],
+                            **_fields("succeeded", created(p), start + p),
+                        }
+                next_run += len(run_rows)
+                db.execute(insert(Experiment), experiments)
+                # Every row names every column (None as NULL), so the rows go out as one batch.
+                db.execute(
+                    insert(Run).execution_options(render_nulls=True),
+                    sorted(run_rows.values(), key=lambda r: r["id"]),
+                )
                 db.commit()
             total = db.scalar(select(func.count()).select_from(Run)) or 0
         if engine.dialect.name == "postgresql":
-            # What autovacuum soon does after bulk inserts: statistics and the visibility map.
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                for table in ("experiments", "runs"):
+                    conn.exec_driver_sql(
+                        f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                        f"(SELECT max(id) FROM {table}))"
+                    )
+                # What autovacuum soon does after bulk inserts: statistics and the visibility map.
                 conn.exec_driver_sql("VACUUM ANALYZE")
     finally:
         engine.dispose()
