@@ -194,14 +194,18 @@ def _cause(
     theirs = per_batch_us(baseline) - per_batch_us(plain_baseline)
     gap = per_batch_us(measured) - per_batch_us(baseline)
     rest = per_batch_us(plain) - per_batch_us(plain_baseline)  # gap = (ours - theirs) + rest
-    return (
+    head = (
         f"{gap:.0f} us a batch more than the baseline's {per_batch_us(baseline):.0f} us: the "
         f"crop and the flip cost the generator {ours:.0f} us a batch (a gather of every pixel, "
         f"each sample at its own offset) and the baseline {theirs:.0f} us (one slice of the "
         f"batch, a per-image flip), {ours - theirs:+.0f} us of the gap; without them the "
-        f"generator is {rest:.0f} us a batch behind ({plain.rate / plain_baseline.rate:.2f} of "
-        "the baseline): the arrays finding in benchmarks/README.md times that rest op by op, "
-        "mostly the per-sample brightness and contrast step"
+        f"generator is at {plain.rate / plain_baseline.rate:.2f} of the baseline, "
+    )
+    if rest <= 0:
+        return head + f"{-rest:.0f} us a batch ahead, so the crop and the flip are the whole gap"
+    return head + (
+        f"{rest:.0f} us a batch behind: the arrays finding in benchmarks/README.md times that "
+        "rest op by op, mostly the per-sample brightness and contrast step"
     )
 
 
