@@ -94,13 +94,21 @@ def _cause(
     the fixed cost per element, or something else (`parallel`, `serial`: the in-graph rows'
     ratios with a parallel and a serial map)."""
     if parallel is not None and serial is not None and parallel < 1.4 * serial:
+        small = extra_us <= 3 * fixed_us
         return (
             f"{extra_us:.0f} us more per batch than the fused op's {batch_us:.0f} us: the "
             f"map's parallel calls reach {parallel / serial:.2f} times a serial map "
-            f"({serial:.2f} of the ceiling), where the fused op uses every core: batches "
-            "this small do not generate much faster side by side, and making several per "
-            "map call, which cuts tf.data's fixed cost per element, measured no better "
-            "(see the input pipeline finding in benchmarks/README.md)"
+            f"({serial:.2f} of the ceiling), where the fused op uses every core: one batch's "
+            "ops already spread over the cores, so a second map call has little left to run "
+            "on, and they make fewer values a second than the one fused op"
+            + (
+                "; making several batches per map call, which cuts tf.data's fixed cost per "
+                "element, measured no better"
+                if small
+                else f", by {extra_us / fixed_us:.0f} times the fixed cost per element "
+                "measured at the smallest batch size"
+            )
+            + " (see the input pipeline finding in benchmarks/README.md)"
         )
     if extra_us <= 3 * fixed_us:
         return (

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import arrays_pipeline
-from benchmarks.pipeline import TARGET, with_one_core_bound
+from benchmarks.pipeline import TARGET, _cause, with_one_core_bound
 from benchmarks.readme import BEGIN, END, README, replace_block
 from benchmarks.rounds import Timed
 from benchmarks.rows import Row
@@ -165,3 +165,18 @@ def test_an_arrays_miss_splits_its_gap_into_the_crop_and_the_rest() -> None:
     )
     assert "+2014 us of the gap" in ahead
     assert "at 1.06 of the baseline, 472 us a batch ahead, so the crop and the flip" in ahead
+
+
+def test_a_pipeline_miss_beside_an_as_fast_serial_map_names_the_fixed_cost_where_it_fits() -> None:
+    # Figures of a full run: batch 64 (49 us over the fused op's 103, the fixed cost per
+    # element itself) and batch 4096 (1259 us over 6614, 26 times it), each with a parallel
+    # map no faster than a serial one.
+    small = _cause(49, 49, 103, 0.42, parallel=0.679, serial=0.68)
+    large = _cause(1259, 49, 6614, 0.52, parallel=0.84, serial=0.81)
+    for cause in (small, large):
+        assert "one batch's ops already spread over the cores" in cause
+    assert "1.00 times a serial map (0.68 of the ceiling)" in small
+    assert "several batches per map call" in small and "times the fixed cost" not in small
+    assert "1.04 times a serial map (0.81 of the ceiling)" in large
+    assert "by 26 times the fixed cost per element" in large
+    assert "several batches per map call" not in large
