@@ -93,8 +93,8 @@ def _cause(
     """Why a batch size misses the target: generation that does not scale across the cores,
     the fixed cost per element, or something else (`parallel`, `serial`: the in-graph rows'
     ratios with a parallel and a serial map)."""
+    small = extra_us <= 3 * fixed_us
     if parallel is not None and serial is not None and parallel < 1.4 * serial:
-        small = extra_us <= 3 * fixed_us
         return (
             f"{extra_us:.0f} us more per batch than the fused op's {batch_us:.0f} us: the "
             f"map's parallel calls reach {parallel / serial:.2f} times a serial map "
@@ -110,7 +110,7 @@ def _cause(
             )
             + " (see the input pipeline finding in benchmarks/README.md)"
         )
-    if extra_us <= 3 * fixed_us:
+    if small:
         return (
             f"{extra_us:.0f} us more per batch than the fused op's {batch_us:.0f} us: tf.data "
             "costs a fixed time per element (a map function call of a dozen small ops, the "
