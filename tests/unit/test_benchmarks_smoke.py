@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import arrays_pipeline
+from benchmarks import api_throughput, arrays_pipeline
+from benchmarks.load_api import Figures
 from benchmarks.pipeline import TARGET, _cause, with_one_core_bound
 from benchmarks.readme import BEGIN, END, README, replace_block
 from benchmarks.rounds import Timed
@@ -180,3 +181,37 @@ def test_a_pipeline_miss_beside_an_as_fast_serial_map_names_the_fixed_cost_where
     assert "1.04 times a serial map (0.81 of the ceiling)" in large
     assert "by 26 times the fixed cost per element" in large
     assert "several batches per map call" not in large
+
+
+def _window(kind: str, rps: float, errors: int = 0) -> Figures:
+    return Figures(kind, int(rps * 2), rps, errors, errors / (rps * 2), 10.0, 20.0, 30.0, 40.0)
+
+
+def test_api_rows_keep_each_sides_best_round_and_never_hide_failures() -> None:
+    rounds = {
+        "healthz": [_window("healthz", 2000.0), _window("healthz", 2400.0)],
+        "get_run": [_window("get_run", 700.0), _window("get_run", 600.0)],
+        "list_runs": [_window("list_runs", 500.0, errors=3), _window("list_runs", 560.0)],
+    }
+    assert api_throughput.best(rounds["healthz"]).rps == 2400.0
+    assert api_throughput.best(rounds["get_run"]).rps == 700.0
+    # The slower round failed requests: the row shows that round, failures and all.
+    assert api_throughput.best(rounds["list_runs"]).rps == 500.0
+    # A miss's cause gives each round's ratio against /healthz of the same round.
+    assert api_throughput._by_round(rounds, "get_run").endswith(": 0.350, 0.250")
+    assert api_throughput._by_round(rounds, "submit") == ""
+
+
+def test_an_api_miss_says_what_the_machines_cpu_per_request_allows() -> None:
+    # The figures of a run of the section: a PostgreSQL page against /healthz.
+    page = _window("list_runs", 524.0)
+    page.server_cpu_ms, page.database_cpu_ms, page.client_cpu_ms = 1.48, 0.67, 0.93
+    page.server_switches = 1.0
+    floor = _window("healthz", 2342.0)
+    floor.server_cpu_ms, floor.database_cpu_ms, floor.client_cpu_ms = 0.25, 0.0, 0.49
+    floor.server_switches = 0.5
+    cause = api_throughput._cause(page, floor, "postgresql")
+    assert "the server spends 1.48 ms of CPU per request against 0.25 ms" in cause
+    # 0.74 / (1.48 + 0.67 + 0.93) = 0.24
+    assert "the server, PostgreSQL and the load clients together spend 3.08 ms" in cause
+    assert "against 0.74 ms for /healthz, which on cores kept busy allows 0.24 of its rate" in cause
