@@ -46,8 +46,9 @@ PROCESSES = 2
 ENDPOINTS = ("get_run", "list_runs", "submit")
 # The read path's targets, as a share of /healthz on the same server (issue 15).
 TARGETS = {"get_run": 0.30, "list_runs": 0.25}
-# Loaded in turns with /healthz, round by round; the others once, after them.
-ROUNDS_OF = ("healthz", "get_run", "list_runs")
+# The reads with targets are loaded in turns with /healthz, round by round; the others
+# once, after them.
+ROUNDS_OF = ("healthz", *TARGETS)
 CLAIM_WORKERS = (1, 8)
 CLAIM_QUEUE = 4000  # queued runs for the claim loops; more than they get through
 MAX_CLAIMS_PER_THREAD = 2000
@@ -267,9 +268,8 @@ def _rounds(server: Server, plan_base: dict[str, Any], budget: Budget) -> dict[s
 
 
 def _by_round(rounds: dict[str, list[Any]], kind: str) -> str:
-    """Each round's own ratio, read against /healthz of the same round."""
-    if kind not in rounds:
-        return ""
+    """Each round's own ratio, read against /healthz of the same round (`kind`: one of
+    ROUNDS_OF, as every endpoint with a target is)."""
     ratios = ", ".join(
         f"{got.rps / floor.rps:.3f}"
         for got, floor in zip(rounds[kind], rounds["healthz"], strict=True)
