@@ -310,7 +310,7 @@ def _claims(server: Server, workers: int, seconds: float) -> tuple[float, list[f
 def _run_ids(server: Server) -> tuple[list[int], list[int]]:
     from sqlalchemy import create_engine, select
 
-    from service.models import Run
+    from service.persistence.models import Run
 
     engine = create_engine(server.database_url)
     try:

@@ -70,8 +70,8 @@ def measure(cfg: Config) -> list[Row]:
     import numpy as np
     import tensorflow as tf
 
-    from worker.array_data import arrays
-    from worker.stateless_dataset import AUTOTUNE, StatelessRngDataset
+    from worker.data.arrays import arrays
+    from worker.data.stateless_dataset import AUTOTUNE, StatelessRngDataset
 
     rng = np.random.default_rng(SEED[0])
     images = rng.integers(0, 256, size=(cfg.samples, 32, 32, 3), dtype=np.uint8)

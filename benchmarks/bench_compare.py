@@ -5,9 +5,9 @@ experiment: 11 trace points each (initialisation and 10 epochs) over 100 variabl
 float32, a checkpoint per epoch in the artifact store, and a divergence at the end of epoch
 6 in 3 variables. Then times, in this process:
 
-- `report`: `service.comparisons.compare_ids`, the whole server-side work (load both traces'
-  fingerprints, bisect, load the divergent point's 100 digests, read the 3 variables from
-  both checkpoints, measure them, diff the provenance, write the explanation);
+- `report`: `service.verification.comparisons.compare_ids`, the whole server-side work
+  (load both traces' fingerprints, bisect, load the divergent point's 100 digests, read the
+  3 variables from both checkpoints, measure them, diff the provenance, write the explanation);
 - `GET /compare`: the same through the API app in-process (routing, auth, serialisation);
 - baseline `GET /runs/{id}` of the same run, the API's plain detail read.
 
@@ -39,15 +39,15 @@ with warnings.catch_warnings():  # starlette's note about its own httpx dependen
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from service import comparisons  # noqa: E402
 from service.app import create_app  # noqa: E402
-from service.auth import create_token  # noqa: E402
+from service.auth.tokens import create_token  # noqa: E402
 from service.config import Settings  # noqa: E402
-from service.db import make_engine, make_sessionmaker  # noqa: E402
-from service.migrate import upgrade  # noqa: E402
-from service.models import Artifact, Experiment, Run, TracePointRow  # noqa: E402
-from worker.checkpoint import save_checkpoint  # noqa: E402
-from worker.fingerprint import fingerprint_arrays  # noqa: E402
+from service.persistence.engine import make_engine, make_sessionmaker  # noqa: E402
+from service.persistence.migrate import upgrade  # noqa: E402
+from service.persistence.models import Artifact, Experiment, Run, TracePointRow  # noqa: E402
+from service.verification import comparisons  # noqa: E402
+from worker.record.checkpoint import save_checkpoint  # noqa: E402
+from worker.record.fingerprint import fingerprint_arrays  # noqa: E402
 
 VARIABLES = 100
 EPOCHS = 10

@@ -56,8 +56,8 @@ class Dashboard:
     """The app in this process, logged in as an admin."""
 
     def __init__(self, data_dir: Path) -> None:
-        from service import auth
         from service.app import create_app
+        from service.auth import tokens as auth
         from service.config import Settings
 
         self.app = create_app(Settings(data_dir=data_dir))
@@ -108,10 +108,10 @@ def add_large_pair(data_dir: Path) -> tuple[int, int]:
     from sqlalchemy.orm import Session
 
     from benchmarks.fill import _base_spec
-    from service.db import make_engine
-    from service.experiments import create_experiment
-    from service.models import Run, TracePointRow, utcnow
-    from service.verdicts import update_family
+    from service.persistence.engine import make_engine
+    from service.persistence.models import Run, TracePointRow, utcnow
+    from service.runs.experiments import create_experiment
+    from service.verification.verdicts import update_family
     from worker.spec import ExperimentSpec
 
     engine = make_engine(f"sqlite:///{data_dir / 'reprotrain.db'}")
@@ -169,7 +169,7 @@ def add_large_pair(data_dir: Path) -> tuple[int, int]:
 def _deep_cursor(dashboard: Dashboard, total: int) -> int:
     from sqlalchemy import func, select
 
-    from service.models import Run
+    from service.persistence.models import Run
 
     with dashboard.app.state.sessionmaker() as db:
         top = db.scalar(select(func.max(Run.id))) or total
@@ -196,7 +196,7 @@ def _row(
 
 def measure(quick: bool) -> list[Row]:
     """Every row of the section."""
-    from service.migrate import upgrade
+    from service.persistence.migrate import upgrade
 
     budget = QUICK if quick else FULL
     rows: list[Row] = []

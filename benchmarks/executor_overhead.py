@@ -49,7 +49,7 @@ class Side:
 
 def _one_job(executor: Any, workdir: Path) -> dict[str, Any]:
     from tests.integration.jobs import job_request
-    from worker.progress import parse_line
+    from worker.training.progress import parse_line
 
     shutil.rmtree(workdir, ignore_errors=True)
     request = job_request(workdir, yaml.safe_load(SPEC.read_text()), "bench", None)

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
-from service.models import Experiment, Run, utcnow
+from service.persistence.models import Experiment, Run, utcnow
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 5000  # runs per transaction: a multiple of 5, so no rerun is split from its run

@@ -34,7 +34,7 @@ from benchmarks.rounds import Timed, noisy, progress, time_round_robin
 from benchmarks.rows import Row, write_json
 
 if TYPE_CHECKING:
-    from worker.variable_reads import TrainingState
+    from worker.record.variable_reads import TrainingState
 
 TARGET = 0.8
 DEPTH = 4
@@ -68,7 +68,7 @@ def build_state(width: int) -> tuple[TrainingState, int]:
     import keras
     import numpy as np
 
-    from worker.variable_reads import training_state
+    from worker.record.variable_reads import training_state
 
     keras.backend.clear_session()  # let the previous size's variables go
     keras.utils.set_random_seed(0)
@@ -88,7 +88,7 @@ def hash_arrays(arrays: Sequence[Any]) -> int:
     """Raw hashing: each array's bytes through the hash fingerprint.py picks for its size."""
     import numpy as np
 
-    from worker.fingerprint import DEFAULT_ALGORITHM, new_hash
+    from worker.record.fingerprint import DEFAULT_ALGORITHM, new_hash
 
     for array in arrays:
         h = new_hash(DEFAULT_ALGORITHM, size_hint=array.nbytes)
@@ -120,8 +120,8 @@ def gap_cause(measured: Timed, baseline: Timed, reads: Timed, raw_tf: Timed, cou
 
 
 def measure_size(size: Size, *, min_clean: int) -> list[Row]:
-    from worker.fingerprint import fingerprint_arrays, fingerprint_state
-    from worker.variable_reads import read_state
+    from worker.record.fingerprint import fingerprint_arrays, fingerprint_state
+    from worker.record.variable_reads import read_state
 
     state, weights = build_state(width_for(size.weights_bytes))
     # `.numpy()` copies: the baseline hashes NumPy-owned memory holding the same bytes.

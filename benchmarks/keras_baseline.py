@@ -81,10 +81,10 @@ def fit_child(spec_path: Path, mode: str, out: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from worker import registry
-    from worker.job import Job
-    from worker.seeds import resolve_seed
+    from worker.models import registry
     from worker.spec import load_spec
+    from worker.training.job import Job
+    from worker.training.seeds import resolve_seed
 
     spec = load_spec(spec_path)
     deterministic = mode != "fit_nondeterministic"

@@ -129,7 +129,7 @@ def measure(cfg: Config, *, cores_label: str) -> list[Row]:
     import numpy as np
     import tensorflow as tf
 
-    from worker.stateless_dataset import AUTOTUNE, StatelessRngDataset
+    from worker.data.stateless_dataset import AUTOTUNE, StatelessRngDataset
 
     tf.config.experimental.enable_op_determinism()
     cores = len(os.sched_getaffinity(0))

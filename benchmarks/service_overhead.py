@@ -48,7 +48,8 @@ FIXES = {
     QUEUE_WAIT: "the idle worker's claim already waits on the server and wakes at the "
     "submission; the rest is the claim's own queries and the agent starting the job",
     CLIENT: "mostly the CLI's start: `repro` imports every command's modules before running "
-    "one (NumPy through worker.verdict and worker.result, uvicorn through service.cli.server: "
+    "one (NumPy through worker.compare.verdict and worker.result, uvicorn through "
+    "service.cli.server: "
     "about 1 s of CPU on a busy machine); importing them inside the commands that need them "
     "would cut it. The end itself is noticed at once (`--wait` follows the run's events)",
     REST: "after the job ends the worker still uploads its last checkpoint, then reports",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from service.db import make_engine
-from service.models import Base
+from service.persistence.engine import make_engine
+from service.persistence.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -13,7 +13,7 @@ target_metadata = Base.metadata
 
 def run_migrations_online() -> None:
     url = config.get_main_option("sqlalchemy.url")
-    assert url, "set sqlalchemy.url (service.migrate does)"
+    assert url, "set sqlalchemy.url (service.persistence.migrate does)"
     engine = make_engine(url)
     with engine.connect() as connection:
         context.configure(

@@ -7,20 +7,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service import artifacts
 from service.api.body_limits import BodyLimits
 from service.api.docs import install_docs
 from service.api.main import api_router, install_error_handlers
 from service.api.reads import LoopReads
 from service.api.routes import health
 from service.api.routes import metrics as metrics_routes
-from service.auth import FailureLimiter
-from service.bell import app_bells
+from service.auth.token_cache import TokenCache
+from service.auth.tokens import FailureLimiter
 from service.config import Settings, get_settings
 from service.dashboard import install_dashboard
-from service.db import make_engine, make_read_sessionmaker, make_sessionmaker
 from service.metrics import RequestTimer, make_registry
-from service.token_cache import TokenCache
+from service.persistence.engine import make_engine, make_read_sessionmaker, make_sessionmaker
+from service.runs.wakeups import app_bells
+from service.storage import artifacts
 
 
 @asynccontextmanager

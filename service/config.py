@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     @field_validator("numeric_env_vars")
     @classmethod
     def _variable_names(cls, value: str) -> str:
-        from worker.environment_capture import parse_name_list
+        from worker.record.environment_capture import parse_name_list
 
         return ",".join(parse_name_list(value))
 

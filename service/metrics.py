@@ -23,7 +23,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
-from service.models import TERMINAL_STATUSES, Run, Verdict, Worker, utcnow
+from service.persistence.models import TERMINAL_STATUSES, Run, Verdict, Worker, utcnow
 
 # Process-wide: registered into each app's registry (an app is made once per process,
 # tests make several).

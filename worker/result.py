@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.trace import TracePoint
+from worker.record.trace import TracePoint
 
 RESULT_FORMAT = 1
 

@@ -29,13 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from worker.environment_capture import EXPORT_MODEL_ENV
 from worker.errors import SpecError
-from worker.model_size import check_parameter_limit
-from worker.progress import ProgressReporter
+from worker.models.model_size import check_parameter_limit
+from worker.record.environment_capture import EXPORT_MODEL_ENV
 from worker.result import DataFingerprint, JobError, JobResult, write_result
-from worker.seeds import resolve_seed
 from worker.spec import ExperimentSpec, load_spec
+from worker.training.progress import ProgressReporter
+from worker.training.seeds import resolve_seed
 
 _REEXEC_MARK = "REPRO_JOB_REEXEC"
 _STARTED = time.monotonic()
@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _reexec_if_needed(spec: ExperimentSpec, argv: list[str]) -> None:
-    from worker.determinism import environment_mismatch, required_environment
+    from worker.training.determinism import environment_mismatch, required_environment
 
     if not environment_mismatch(spec.determinism) or os.environ.get(_REEXEC_MARK):
         return  # a second mismatch is reported by determinism.apply as an error
@@ -126,7 +126,7 @@ def _open_dataset(
     spec: ExperimentSpec, dataset_file: Path | None
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(arrays, provenance record) of the spec's dataset after checking the file is it."""
-    from worker.dataset_format import (
+    from worker.data.dataset_format import (
         DatasetFormatError,
         file_digest,
         inspect_dataset,
@@ -215,7 +215,7 @@ def run_job(
         spec=resolved.model_dump(mode="json"),
     )
     try:
-        from worker import registry
+        from worker.models import registry
 
         registry.check_spec(resolved)
         if max_model_parameters is not None:
@@ -228,8 +228,8 @@ def run_job(
                 )
         arrays, dataset_record = _open_dataset(resolved, dataset_file)
 
-        from worker.provenance import capture_provenance
-        from worker.training import run_training
+        from worker.record.provenance import capture_provenance
+        from worker.training.loop import run_training
 
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         startup = time.monotonic() - _STARTED

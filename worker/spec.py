@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from worker.errors import MalformedSpecError, SpecError
-from worker.seeds import SeedTuple, seed_tuple
+from worker.training.seeds import SeedTuple, seed_tuple
 
 SPEC_VERSION = 1
 HASH_ALGORITHM = "sha256"

@@ -22,7 +22,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.auth import TOKEN_PATTERN as TOKEN_SYNTAX
+from service.auth.tokens import TOKEN_PATTERN as TOKEN_SYNTAX
 from service.config import Settings
 
 # Routes that stream large bodies to disk under the upload limit; everything else is JSON.

@@ -10,12 +10,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import auth
-from service.auth import Permission, Principal
+from service.auth import tokens as auth
+from service.auth.token_cache import TokenCache
+from service.auth.tokens import Permission, Principal
 from service.config import Settings
 from service.errors import Unauthorized
 from service.schemas import MAX_ID
-from service.token_cache import TokenCache
 
 
 def get_db(request: Request) -> Iterator[Session]:
@@ -25,7 +25,8 @@ def get_db(request: Request) -> Iterator[Session]:
 
 
 def get_read_db(request: Request) -> Iterator[Session]:
-    """A read-only session per request (see service.db.make_read_sessionmaker), closed
+    """A read-only session per request (see
+    service.persistence.engine.make_read_sessionmaker), closed
     afterwards: for routes that only read."""
     with request.app.state.read_sessionmaker() as session:
         yield session
@@ -73,7 +74,7 @@ async def get_principal(request: Request, credentials: BearerCredentials) -> Pri
     """The caller of a bearer token; 401 without a valid one, 429 after too many bad ones.
 
     A token verified in the last `REPRO_TOKEN_CACHE_SECONDS` is answered from memory on the
-    event loop (see service.token_cache). Any other is checked in a thread with a session of
+    event loop (see service.auth.token_cache). Any other is checked in a thread with a session of
     its own, closed before this returns: a request waiting for a thread, or a route that
     then waits (streams, long polls), never holds a connection because of its token.
     """

@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service.db import make_async_read_engine, make_async_read_sessionmaker
+from service.persistence.engine import make_async_read_engine, make_async_read_sessionmaker
 
 T = TypeVar("T")
 

@@ -31,10 +31,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import aliased
 
 from service.api.views import out_columns
-from service.models import Run, Verdict
+from service.persistence.models import Run, Verdict
+from service.persistence.sql_datetimes import utc_iso
 from service.schemas import MAX_ID, RunOut, RunPage
-from service.sql_times import utc_iso
-from service.verdicts import is_reference
+from service.verification.verdicts import is_reference
 
 _CURSOR = re.compile(r"^before:([1-9]\d{0,9})$")
 MAX_CURSOR_CHARS = 40

@@ -16,13 +16,13 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Select, bindparam, select
 from sqlalchemy.orm import Session
 
-from service import queue, resume_points
-from service.comparisons import compare
 from service.config import Settings
-from service.json_rows import json_rows
-from service.models import Experiment, Run, TracePointRow, Verdict
+from service.persistence.models import Experiment, Run, TracePointRow, Verdict
+from service.persistence.rows_as_json import json_rows
+from service.runs import queue, resume_points
 from service.schemas import ComparisonReport, RunDetail, RunOut
-from service.verdicts import TRACE_FIELDS, is_reference
+from service.verification.comparisons import compare
+from service.verification.verdicts import TRACE_FIELDS, is_reference
 
 # RunOut fields that are not columns of a run.
 _DERIVED = frozenset({"verdict", "is_reference"})

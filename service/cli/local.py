@@ -21,7 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def validate(spec: Path, as_json: JsonFlag = False) -> None:
     """Check a spec (fields and component names) and print its hash."""
-    from worker.registry import check_spec
+    from worker.models.registry import check_spec
 
     try:
         parsed = load_spec(spec)
@@ -123,7 +123,7 @@ def verdict(
     a: JobResult, b: JobResult, labels: tuple[str, str] = ("run", "rerun")
 ) -> dict[str, Any]:
     """The comparison report of two result documents (incomparable if one failed)."""
-    from worker.verdict import build_report, record_from_result
+    from worker.compare.verdict import build_report, record_from_result
 
     return build_report(record_from_result(a, labels[0]), record_from_result(b, labels[1]))
 
@@ -164,7 +164,7 @@ def verify(
         )
         typer.echo(f"run         {first.final_fingerprint}")
         typer.echo(f"rerun       {rerun.final_fingerprint}")
-        from worker.verdict import describe
+        from worker.compare.verdict import describe
 
         typer.echo(f"verdict     {describe(report)}")
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)

@@ -30,8 +30,8 @@ def resolve_token(token: str | None) -> str | None:
     """The given token, else REPRO_TOKEN, else the local embedded server's admin token."""
     if token:
         return token
+    from service.auth.bootstrap import read_token_file
     from service.config import Settings
-    from service.tokens_bootstrap import read_token_file
 
     return read_token_file(Settings().data_dir)
 
@@ -56,7 +56,7 @@ def emit_json(data: Any) -> None:
 
 
 class TrainingBar:
-    """A progress bar on stderr, fed with a job's progress events (`worker.progress`)."""
+    """A progress bar on stderr, fed with a job's progress events (`worker.training.progress`)."""
 
     def __init__(self, label: str, *, quiet: bool, initial: str) -> None:
         self._progress = Progress(

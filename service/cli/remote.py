@@ -62,7 +62,7 @@ def _queued(
 
 
 def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
-    from worker.verdict import describe
+    from worker.compare.verdict import describe
 
     detail = client.run(run["id"])
     if as_json:
@@ -173,7 +173,7 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Show one run, or a table of recent runs (read a page at a time, by cursor)."""
-    from worker.verdict import describe
+    from worker.compare.verdict import describe
 
     client = api_client(api, token)
     try:

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from worker.verdict import describe
+from worker.compare.verdict import describe
 
 _WIDTH = 100
 _SHOWN_ROWS = 20

@@ -47,8 +47,8 @@ def _settings(data_dir: Path | None, database_url: str | None, **more: Any) -> S
 def _is_first_start(settings: Settings) -> bool:
     from sqlalchemy import func, select
 
-    from service.db import make_engine
-    from service.models import Experiment
+    from service.persistence.engine import make_engine
+    from service.persistence.models import Experiment
 
     engine = make_engine(settings.resolved_database_url)
     try:
@@ -60,8 +60,8 @@ def _is_first_start(settings: Settings) -> bool:
 
 def _demo(api: str, token: str, spec: Path) -> None:
     """Submit the example, rerun it, and print the verdict (first start only)."""
+    from worker.compare.verdict import describe
     from worker.node.client import ApiClient
-    from worker.verdict import describe
 
     client = ApiClient(api, token)
     out = client.submit(
@@ -85,9 +85,9 @@ def _demo(api: str, token: str, spec: Path) -> None:
 
 def _bootstrap_tokens(settings: Settings, *, with_worker: bool) -> tuple[str | None, str | None]:
     """The local admin token (created on a fresh database) and the local worker's token."""
-    from service.db import make_engine, make_sessionmaker
+    from service.auth.bootstrap import ADMIN_TOKEN_FILE, WORKER_TOKEN_FILE, ensure_token
     from service.errors import Unauthorized
-    from service.tokens_bootstrap import ADMIN_TOKEN_FILE, WORKER_TOKEN_FILE, ensure_token
+    from service.persistence.engine import make_engine, make_sessionmaker
 
     engine = make_engine(settings.resolved_database_url)
     try:
@@ -127,10 +127,10 @@ def serve(
     """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
     from service.api.header_deadline import header_deadline_protocol
     from service.app import create_app
+    from service.auth.bootstrap import ADMIN_TOKEN_FILE
     from service.cli.local import EXAMPLES
-    from service.file_modes import private_dir
-    from service.migrate import upgrade
-    from service.tokens_bootstrap import ADMIN_TOKEN_FILE
+    from service.persistence.file_modes import private_dir
+    from service.persistence.migrate import upgrade
 
     _configure_logging()
     settings = _settings(data_dir, database_url, host=host, port=port)
@@ -304,7 +304,7 @@ db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 @db_app.command("upgrade")
 def db_upgrade(data_dir: DataDirOption = None, database_url: DatabaseOption = None) -> None:
     """Apply all migrations to the database."""
-    from service.migrate import upgrade
+    from service.persistence.migrate import upgrade
 
     settings = _settings(data_dir, database_url)
     upgrade(settings.resolved_database_url)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from service import repro_audits
 from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard.web import PageRoute, ViewerDep, render
+from service.runs import audits as repro_audits
 
 router = APIRouter(route_class=PageRoute)
 

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
-from service import experiments as svc
 from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import provenance_view, run_rows
 from service.dashboard.experiment_page import family_view, spec_yaml
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
-from service.models import Run, Verdict, utcnow
+from service.persistence.models import Run, Verdict, utcnow
+from service.runs import experiments as svc
 
 router = APIRouter(route_class=PageRoute)
 MAX_FAMILY = 200

@@ -10,8 +10,6 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy.orm import Session
 
-from service import comparisons
-from service import experiments as svc
 from service.api.deps import SessionDep
 from service.dashboard import charts, provenance_view
 from service.dashboard.actions import perform
@@ -19,9 +17,11 @@ from service.dashboard.charts import MapCell
 from service.dashboard.session import Viewer
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
 from service.errors import MalformedBody
-from service.models import Run
+from service.persistence.models import Run
+from service.runs import experiments as svc
 from service.schemas import MAX_ID, ComparisonReport
-from service.verdicts import trace_of
+from service.verification import comparisons
+from service.verification.verdicts import trace_of
 
 router = APIRouter(route_class=PageRoute)
 RunId = Annotated[int, Query(ge=1, le=MAX_ID)]

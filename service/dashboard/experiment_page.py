@@ -14,11 +14,11 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import experiments as svc
 from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import charts, run_rows
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
-from service.models import Experiment, Run, Verdict
+from service.persistence.models import Experiment, Run, Verdict
+from service.runs import experiments as svc
 
 router = APIRouter(route_class=PageRoute)
 MAX_TREE = 500  # runs drawn in one lineage tree; the runs page lists the rest

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from service import auth
 from service.api.deps import SessionDep
-from service.auth import Principal
+from service.auth import tokens as auth
+from service.auth.tokens import Principal
 from service.dashboard.session import (
     LOGIN_COOKIE,
     SESSION_COOKIE,

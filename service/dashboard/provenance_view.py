@@ -11,8 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.dashboard import charts
-from service.models import Run, TracePointRow, Verdict
-from service.verdicts import family_references
+from service.persistence.models import Run, TracePointRow, Verdict
+from service.verification.verdicts import family_references
 
 # (group title, provenance keys shown in it), in the order an auditor checks them.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -10,8 +10,6 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import artifacts
-from service import experiments as svc
 from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import charts, provenance_view, run_rows
 from service.dashboard.actions import perform
@@ -19,10 +17,12 @@ from service.dashboard.runs_page import MAX_POLLS, PollCount
 from service.dashboard.session import Viewer
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
 from service.errors import Conflict, MalformedBody, NotFound
-from service.models import Artifact, Verdict, Worker
+from service.persistence.models import Artifact, Verdict, Worker
+from service.runs import experiments as svc
 from service.schemas import MAX_AUDIT_COPIES
-from worker import registry
+from service.storage import artifacts
 from worker.errors import SpecError
+from worker.models import registry
 from worker.spec import ExperimentSpec
 
 router = APIRouter(route_class=PageRoute)

@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import Select, exists, select
 from sqlalchemy.orm import Session, aliased
 
-from service.experiments import reported_image
-from service.models import Experiment, Run, Verdict, Worker
-from service.verdicts import FamilyHead, family_heads, family_references
+from service.persistence.models import Experiment, Run, Verdict, Worker
+from service.runs.experiments import reported_image
+from service.verification.verdicts import FamilyHead, family_heads, family_references
 
 VERDICT_FILTERS = ("identical", "diverged", "incomparable", "reference", "pending")
 

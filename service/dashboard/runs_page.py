@@ -18,7 +18,7 @@ from service.dashboard import run_rows
 from service.dashboard.run_rows import VERDICT_FILTERS, Filters
 from service.dashboard.web import SECURITY_HEADERS, PageRoute, ViewerDep, render
 from service.errors import MalformedBody
-from service.models import RUN_STATUSES
+from service.persistence.models import RUN_STATUSES
 from service.schemas import MAX_ID
 
 router = APIRouter(route_class=PageRoute)

@@ -21,11 +21,11 @@ from fastapi import Request
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlalchemy.orm import Session
 
-from service import auth
-from service.auth import Principal
+from service.auth import tokens as auth
+from service.auth.tokens import Principal
 from service.config import Settings
 from service.errors import BodyTooLarge, Forbidden, MalformedBody, ServiceError, Unauthorized
-from service.models import ApiToken, utcnow
+from service.persistence.models import ApiToken, utcnow
 
 SECRET_FILE = "dashboard-secret"
 SESSION_COOKIE = "repro_session"

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from service.api.deps import ReadSessionDep
 from service.dashboard.web import PageRoute, ViewerDep, render
-from service.models import Run, Worker, utcnow
+from service.persistence.models import Run, Worker, utcnow
 
 router = APIRouter(route_class=PageRoute)
 MAX_WORKERS = 1000

@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.cli import repro
 from tests.integration.jobs import REPO, blobs_spec, write_spec
-from worker.fingerprint import combine
+from worker.record.fingerprint import combine
 
 pytestmark = pytest.mark.slow
 

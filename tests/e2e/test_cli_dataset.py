@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.cli import repro
 from tests.integration.jobs import write_spec
-from worker.dataset_format import file_digest
+from worker.data.dataset_format import file_digest
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.config import Settings
-from service.migrate import upgrade
+from service.persistence.migrate import upgrade
 from tests.postgres import postgres_server, postgres_url
 
 __all__ = ["database_url", "migrated_settings", "postgres_server", "postgres_url"]

@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service import auth, verdicts
-from service.experiments import create_experiment
-from service.models import Artifact, Run, TracePointRow, Worker, utcnow
+from service.auth import tokens as auth
+from service.persistence.models import Artifact, Run, TracePointRow, Worker, utcnow
+from service.runs.experiments import create_experiment
+from service.verification import verdicts
 from worker.spec import ExperimentSpec
 
 HOSTILE = "<script>alert(1)</script>"

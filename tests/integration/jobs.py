@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.node.executors.base import JobRequest
-from worker.progress import parse_line
 from worker.result import JobResult, read_result
+from worker.training.progress import parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from worker.dataset_format import file_digest, open_arrays
+from worker.data.dataset_format import file_digest, open_arrays
+from worker.data.job_data import build_job_data
+from worker.data.stateless_dataset import StatelessRngDataset
 from worker.errors import GeneratorError, SpecError
-from worker.job_data import build_job_data
-from worker.registry import check_spec
+from worker.models.registry import check_spec
 from worker.spec import ExperimentSpec
-from worker.stateless_dataset import StatelessRngDataset
 
 SAMPLES = 100
 DIGEST = "sha256:" + "0" * 64  # build_job_data trusts its caller to have checked the file

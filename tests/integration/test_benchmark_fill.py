@@ -8,8 +8,8 @@ from sqlalchemy.orm import Session
 
 from benchmarks.fill import BATCH, fill_runs
 from service.config import Settings
-from service.db import make_engine
-from service.models import Experiment, Run
+from service.persistence.engine import make_engine
+from service.persistence.models import Experiment, Run
 
 
 def _experiment(name: str) -> Experiment:

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from service import auth
 from service.app import create_app
+from service.auth import tokens as auth
 from service.config import Settings
 from service.dashboard import issue_login_url
 from service.dashboard.session import SECRET_FILE
-from service.migrate import upgrade
-from service.models import Run, Worker
+from service.persistence.migrate import upgrade
+from service.persistence.models import Run, Worker
 from tests.integration import dashboard_world
 from tests.integration.asgi_browser import AsgiBrowser
 from tests.integration.dashboard_world import DIVERGENT, HOSTILE, HOSTILE_ENV, HOSTILE_ERROR, World

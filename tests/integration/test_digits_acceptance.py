@@ -14,11 +14,11 @@ import pytest
 from sklearn.datasets import load_digits
 
 from tests.integration.jobs import Finished, run_job
-from worker.dataset_format import file_digest
-from worker.fingerprint import fingerprint_state
+from worker.compare.verdict import build_report, record_from_result
+from worker.data.dataset_format import file_digest
+from worker.record.fingerprint import fingerprint_state
+from worker.record.variable_reads import training_state
 from worker.spec import ExperimentSpec
-from worker.variable_reads import training_state
-from worker.verdict import build_report, record_from_result
 
 EPOCHS = 10
 # 1,797 samples, 357 held out (round(1797 * 0.1987)): 1,440 training rows are exactly

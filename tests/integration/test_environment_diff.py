@@ -17,7 +17,7 @@ from psycopg import sql
 from service.cli.local import verdict
 from tests.integration.jobs import blobs_spec, job_env, run_job
 from tests.integration.service_procs import Service, running
-from worker.environment_capture import KEY_FILE, key_id
+from worker.record.environment_capture import KEY_FILE, key_id
 
 pytestmark = pytest.mark.slow
 

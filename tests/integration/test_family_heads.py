@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session
 from service.api import run_pages
 from service.api.views import run_detail, run_outs
 from service.config import Settings
-from service.db import make_engine
-from service.models import Experiment, Run
-from service.verdicts import FamilyHead, family_heads, family_references
+from service.persistence.engine import make_engine
+from service.persistence.models import Experiment, Run
+from service.verification.verdicts import FamilyHead, family_heads, family_references
 
 # Each family's runs in order, as (kind, status): the reference is the first successful
 # training, the oldest unfinished the first queued or running run. The first run of a

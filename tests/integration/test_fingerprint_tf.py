@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from worker import fingerprint, registry, variable_reads
-from worker.fingerprint import (
+from worker.models import registry
+from worker.record import fingerprint, variable_reads
+from worker.record.fingerprint import (
     StateFingerprint,
     combine,
     fingerprint_arrays,
     fingerprint_state,
     variable_digest,
 )
-from worker.job import Job
+from worker.record.variable_reads import TrainingState, training_state
 from worker.spec import parse_spec
-from worker.variable_reads import TrainingState, training_state
+from worker.training.job import Job
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool"])

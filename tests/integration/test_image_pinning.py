@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 
 from service.app import create_app
-from service.auth import create_token
+from service.auth.tokens import create_token
 from service.config import Settings
-from service.migrate import upgrade
-from service.models import Run
+from service.persistence.migrate import upgrade
+from service.persistence.models import Run
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import REPO, blobs_spec, job_env, run_job, write_spec
-from worker.fingerprint import combine
+from worker.record.fingerprint import combine
+from worker.record.trace import compare_traces
 from worker.result import read_result
-from worker.trace import compare_traces
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker import architectures, component_params, registry
-from worker import model_size as ms
-from worker.batch_source import DataInfo
+from worker.data.batch_source import DataInfo
+from worker.models import architectures, component_params, registry
+from worker.models import model_size as ms
 
 # --- the counts are Keras's counts ---------------------------------------------------------
 

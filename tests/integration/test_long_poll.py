@@ -16,9 +16,9 @@ import pytest
 from service.api.routes import runs as runs_routes
 from service.api.routes import workers as workers_routes
 from service.app import create_app
-from service.auth import create_token
+from service.auth.tokens import create_token
 from service.config import Settings
-from service.migrate import upgrade
+from service.persistence.migrate import upgrade
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from service.app import create_app
-from service.auth import create_token
+from service.auth.tokens import create_token
 from service.config import Settings
-from service.migrate import upgrade
-from service.models import Run, Verdict, utcnow
+from service.persistence.migrate import upgrade
+from service.persistence.models import Run, Verdict, utcnow
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()

@@ -9,9 +9,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from service.db import make_engine
-from service.migrate import upgrade
-from service.models import Base
+from service.persistence.engine import make_engine
+from service.persistence.migrate import upgrade
+from service.persistence.models import Base
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.jobs import blobs_spec, job_env, write_spec
 from tests.integration.service_procs import Service
-from worker import registry
+from worker.models import registry
 from worker.result import read_result
 
 # --- an oversized job fails before it allocates --------------------------------------------

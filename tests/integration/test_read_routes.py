@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 from service.api import run_pages
 from service.api.views import run_outs
 from service.app import create_app
-from service.auth import create_token
+from service.auth.tokens import create_token
 from service.config import Settings
-from service.migrate import upgrade
-from service.models import ApiToken, Artifact, Run, TracePointRow, Verdict
+from service.persistence.migrate import upgrade
+from service.persistence.models import ApiToken, Artifact, Run, TracePointRow, Verdict
 from service.schemas import RunPage
 from tests.integration.jobs import REPO
 

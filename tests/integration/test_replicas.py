@@ -13,10 +13,10 @@ import pytest
 
 from tests.integration.jobs import Finished, job_env, run_job, write_spec
 from tests.integration.killable import KILL_VARIABLE, make_kill_plugin_site, replica_spec
-from worker.dataset_format import file_digest
-from worker.progress import parse_line
+from worker.data.dataset_format import file_digest
+from worker.record.trace import compare_traces
 from worker.result import JobResult
-from worker.trace import compare_traces
+from worker.training.progress import parse_line
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import artifacts, resume_points
-from service.db import make_engine, make_sessionmaker
-from service.migrate import upgrade
-from service.models import Artifact, Experiment, Run
+from service.persistence.engine import make_engine, make_sessionmaker
+from service.persistence.migrate import upgrade
+from service.persistence.models import Artifact, Experiment, Run
+from service.runs import resume_points
+from service.storage import artifacts
 
 STEPS_PER_EPOCH = 10
 

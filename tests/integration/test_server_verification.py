@@ -25,7 +25,7 @@ from numpy.lib import format as npy_format
 
 from tests.integration.jobs import REPO
 from tests.integration.service_procs import Service, running
-from worker.fingerprint import fingerprint_arrays
+from worker.record.fingerprint import fingerprint_arrays
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 ALLOWED_IMAGE = "registry.example/reprotrain-worker@sha256:" + "ab" * 32

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from worker import generators
+from worker.data import generators
+from worker.data.stateless_dataset import AUTOTUNE, StatelessRngDataset
 from worker.errors import GeneratorError
-from worker.stateless_dataset import AUTOTUNE, StatelessRngDataset
 
 BUILTINS = {
     "gaussian_blobs": {"num_features": 6, "num_classes": 3},

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from tests.integration.jobs import blobs_spec, job_env, run_job, write_spec
-from worker.generators import gaussian_blobs
-from worker.stateless_dataset import StatelessRngDataset
-from worker.verdict import build_report, describe, record_from_result
+from worker.compare.verdict import build_report, describe, record_from_result
+from worker.data.generators import gaussian_blobs
+from worker.data.stateless_dataset import StatelessRngDataset
 
 
 def _dataset(xla: bool) -> StatelessRngDataset:

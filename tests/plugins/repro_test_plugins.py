@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from worker.batch_source import BatchSource
+from worker.data.batch_source import BatchSource
 
 
 def stateful_noise(params: dict[str, Any], *, batch_size: int) -> BatchSource:

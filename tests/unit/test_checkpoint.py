@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker import checkpoint
-from worker.checkpoint import (
+from worker.errors import CheckpointError
+from worker.record import checkpoint
+from worker.record.checkpoint import (
     Syncer,
     list_checkpoints,
     load_checkpoint,
@@ -18,7 +19,6 @@ from worker.checkpoint import (
     restore,
     save_checkpoint,
 )
-from worker.errors import CheckpointError
 
 
 class Var:

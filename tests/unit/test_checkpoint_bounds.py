@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from numpy.lib import format as npy_format
 
-from worker.checkpoint import fingerprint_checkpoint, read_arrays
 from worker.errors import CheckpointRefused
-from worker.fingerprint import fingerprint_arrays
+from worker.record.checkpoint import fingerprint_checkpoint, read_arrays
+from worker.record.fingerprint import fingerprint_arrays
 
 STATE = {
     "model/dense/kernel": np.arange(12, dtype=np.float32).reshape(3, 4),

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from service.schemas import ComparisonReport
-from worker.fingerprint import combine
+from worker.compare.spec_diff import diff_specs
+from worker.compare.verdict import RunRecord, build_report, describe
 from worker.node.job_files import checkpoint_downloads, checkpoint_uploads
-from worker.spec_diff import diff_specs
-from worker.trace import TracePoint
-from worker.verdict import RunRecord, build_report, describe
+from worker.record.fingerprint import combine
+from worker.record.trace import TracePoint
 
 VARS = ["model/dense/kernel", "model/dense/bias"]
 

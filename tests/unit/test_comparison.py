@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.fingerprint import combine
-from worker.numeric_diff import array_difference, ulp_distance
-from worker.provenance import diff_provenance
-from worker.trace import TracePoint, locate_divergence
-from worker.verdict import RunRecord, build_report, describe
+from worker.compare.numeric_diff import array_difference, ulp_distance
+from worker.compare.verdict import RunRecord, build_report, describe
+from worker.record.fingerprint import combine
+from worker.record.provenance import diff_provenance
+from worker.record.trace import TracePoint, locate_divergence
 
 VARS = [f"model/dense_{i}/kernel" for i in range(4)]
 

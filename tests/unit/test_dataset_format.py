@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.dataset_format import (
+from worker.data.dataset_format import (
     ArrayInfo,
     DatasetFormatError,
     file_digest,

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from service.auth.provenance_key import claim_provenance, provenance_key
 from service.config import Settings
-from service.provenance_key import claim_provenance, provenance_key
-from worker import environment_capture as env_capture
-from worker.provenance import capture_provenance, diff_provenance, relevant_environment
-from worker.verdict import _environment_sentence
+from worker.compare.verdict import _environment_sentence
+from worker.record import environment_capture as env_capture
+from worker.record.provenance import capture_provenance, diff_provenance, relevant_environment
 
 KEY = b"k" * 32
 # Long, unlikely strings: finding one anywhere in a record can only mean it leaked.

@@ -8,13 +8,13 @@ import blake3
 import numpy as np
 import pytest
 
-from worker.fingerprint import (
+from worker.record.fingerprint import (
     StreamDigest,
     combine,
     fingerprint_arrays,
     variable_digest,
 )
-from worker.variable_reads import unique_paths
+from worker.record.variable_reads import unique_paths
 
 
 def test_variable_digest_follows_the_documented_format() -> None:

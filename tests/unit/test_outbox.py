@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from service.app import create_app
-from service.auth import create_token
+from service.auth.tokens import create_token
 from service.config import Settings
-from service.migrate import upgrade
+from service.persistence.migrate import upgrade
 from worker.node.client import ApiClient
 from worker.node.reports import Courier, Outbox, Report
 

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from service.app import create_app
-from service.artifacts import PARTIAL_UPLOAD_MAX_AGE_SECONDS
 from service.config import Settings
-from service.migrate import upgrade
+from service.persistence.migrate import upgrade
+from service.storage.artifacts import PARTIAL_UPLOAD_MAX_AGE_SECONDS
 
 
 def _file(path: Path, age_seconds: float) -> Path:

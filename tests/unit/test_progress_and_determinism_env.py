@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 
 from tests.unit.test_spec import BASE
-from worker.determinism import environment_mismatch, required_environment
-from worker.progress import ProgressReporter, parse_line
 from worker.spec import parse_spec
+from worker.training.determinism import environment_mismatch, required_environment
+from worker.training.progress import ProgressReporter, parse_line
 
 
 def test_progress_events_round_trip_and_other_lines_are_ignored() -> None:

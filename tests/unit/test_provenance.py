@@ -18,7 +18,7 @@ import numpy
 import pytest
 import tensorflow as tf
 
-from worker import gpu_info, provenance
+from worker.record import gpu_info, provenance
 
 TOP_LEVEL_KEYS = {
     "spec_hash",
@@ -234,7 +234,7 @@ def test_git_commit_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_importing_the_modules_does_not_import_tensorflow() -> None:
     code = (
-        "import sys, worker.provenance, worker.gpu_info; "
+        "import sys, worker.record.provenance, worker.record.gpu_info; "
         "sys.exit(1 if 'tensorflow' in sys.modules else 0)"
     )
     root = Path(provenance.__file__).resolve().parent.parent
@@ -280,7 +280,7 @@ def test_capture_provenance_threads_match_tensorflow(captured: dict[str, Any]) -
 def test_capture_provenance_records_configured_thread_pools() -> None:
     code = (
         "import json, tensorflow as tf\n"
-        "from worker.provenance import capture_provenance\n"
+        "from worker.record.provenance import capture_provenance\n"
         "tf.config.threading.set_intra_op_parallelism_threads(3)\n"
         "tf.config.threading.set_inter_op_parallelism_threads(2)\n"
         "record = capture_provenance(spec_hash='h', seed=(1, 2), determinism={})\n"

@@ -11,8 +11,8 @@ import pytest
 
 from tests.plugin_dist import PLUGIN_DIR, make_plugin_site
 from tests.unit.test_spec import BASE
-from worker import registry
 from worker.errors import SpecError, UnknownComponentError
+from worker.models import registry
 from worker.spec import parse_spec
 
 

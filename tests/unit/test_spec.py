@@ -214,7 +214,7 @@ def test_with_seed_fixes_a_null_seed_and_changes_the_hash() -> None:
 def test_every_example_spec_is_valid() -> None:
     from pathlib import Path
 
-    from worker.registry import check_spec
+    from worker.models.registry import check_spec
     from worker.spec import load_spec
 
     folder = Path(__file__).resolve().parents[2] / "examples"

@@ -18,10 +18,10 @@ import pytest
 
 from service.config import Settings
 from service.errors import InvalidSpec
-from service.experiments import parse_submission
+from service.runs.experiments import parse_submission
 from tests.unit.test_spec import BASE
-from worker import registry
 from worker.errors import SpecError
+from worker.models import registry
 from worker.spec import MAX_THREADS, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -289,7 +289,7 @@ def test_bounds_leave_every_example_valid_and_its_hash_unchanged(tmp_path: Path)
 def test_sizing_a_spec_does_not_import_tensorflow() -> None:
     code = (
         "import sys, json\n"
-        "from worker import registry\n"
+        "from worker.models import registry\n"
         "from worker.spec import load_spec\n"
         "spec = load_spec(sys.argv[1])\n"
         "registry.check_spec(spec)\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.checkpoint import (
+from worker.record.checkpoint import (
     checkpoint_epoch,
     checkpoint_step,
     list_checkpoints,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from service import auth
-from service.auth import Principal
-from service.models import utcnow
-from service.token_cache import TokenCache
+from service.auth import tokens as auth
+from service.auth.token_cache import TokenCache
+from service.auth.tokens import Principal
+from service.persistence.models import utcnow
 
 TOKEN = "rpt_7_" + "s" * 43
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.fingerprint import combine
-from worker.trace import TracePoint, compare_traces
+from worker.record.fingerprint import combine
+from worker.record.trace import TracePoint, compare_traces
 
 VARS = ["model/dense_0/kernel", "model/dense_0/bias", "optimizer/adam/iteration"]
 

@@ -18,11 +18,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.gpu_info import gpu_devices
 from worker.node.client import ApiClient, ApiError, ApiUnreachable, Id
 from worker.node.executors import Executor, make_executor
 from worker.node.job import ClaimedRun, Job
 from worker.node.reports import MAX_BACKOFF, Courier, Outbox
+from worker.record.gpu_info import gpu_devices
 
 log = logging.getLogger("reprotrain.agent")
 CLAIM_WAIT_SECONDS = 20.0  # how long an idle worker's claim waits on the server (long poll)

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.environment_capture import claim_environment
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
 from worker.node.dataset_cache import DatasetCache
 from worker.node.executors import Executor, JobHandle, JobRequest
@@ -33,8 +32,9 @@ from worker.node.job_files import (
     describe_exit,
 )
 from worker.node.reports import Outbox, Report, ReportKind
-from worker.progress import parse_line
+from worker.record.environment_capture import claim_environment
 from worker.result import read_result
+from worker.training.progress import parse_line
 
 log = logging.getLogger("reprotrain.agent")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")

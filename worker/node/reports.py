@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from worker.durable import fsync_path
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
+from worker.record.durable import fsync_path
 
 log = logging.getLogger("reprotrain.agent")
 

@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
-from service import auth
 from service.api.deps import AdminAccess, IdPath, Offset, ReadSessionDep, SessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.models import ApiToken, AuditEvent
+from service.auth import tokens as auth
+from service.persistence.models import ApiToken, AuditEvent
 from service.schemas import AuditOut, Page, PlainText, TokenCreated, TokenIn, TokenOut
 
 router = APIRouter(tags=["admin"], route_class=JsonRoute)

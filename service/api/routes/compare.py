@@ -6,7 +6,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from service import comparisons, repro_audits
 from service.api.deps import (
     IdPath,
     ReadAccess,
@@ -17,7 +16,9 @@ from service.api.deps import (
 )
 from service.api.responses import errors
 from service.api.routing import JsonRoute
+from service.runs import audits as repro_audits
 from service.schemas import MAX_ID, ComparisonReport, RefineIn, RefinementOut, ReproAuditOut
+from service.verification import comparisons
 
 router = APIRouter(tags=["compare"], route_class=JsonRoute)
 

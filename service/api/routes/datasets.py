@@ -10,7 +10,6 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import datasets
 from service.api.deps import (
     AnyRole,
     Offset,
@@ -23,8 +22,9 @@ from service.api.deps import (
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.errors import Forbidden
-from service.models import Dataset
+from service.persistence.models import Dataset
 from service.schemas import DatasetDetail, DatasetOut, Page
+from service.storage import datasets
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], route_class=JsonRoute)
 

@@ -7,7 +7,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from sqlalchemy import func, select
 
-from service import experiments as svc
 from service.api.deps import (
     IdPath,
     Offset,
@@ -21,7 +20,8 @@ from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.errors import BodyTooLarge, UnsupportedMediaType
-from service.models import Experiment
+from service.persistence.models import Experiment
+from service.runs import experiments as svc
 from service.schemas import MAX_AUDIT_COPIES, ExperimentOut, Page, SubmitOut
 
 router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=JsonRoute)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service import queue
 from service.api.deps import ReadAccess, ReadSessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
+from service.runs import queue
 from service.worker_schemas import WorkerOut
 
 router = APIRouter(tags=["fleet"], route_class=JsonRoute)

@@ -11,10 +11,10 @@ from starlette.concurrency import run_in_threadpool
 from service.api.deps import AnyRole, ReadSessionDep, principal_of
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.auth import GRANTS
+from service.auth.tokens import GRANTS
 from service.config import Settings
 from service.errors import Forbidden
-from service.models import Run
+from service.persistence.models import Run
 
 router = APIRouter(tags=["metrics"], route_class=JsonRoute)
 scrape_router = APIRouter(tags=["metrics"])

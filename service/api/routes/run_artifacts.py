@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from service import experiments as svc
 from service.api.deps import IdPath, ReadAccess, ReadSessionDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.models import Artifact
+from service.persistence.models import Artifact
+from service.runs import experiments as svc
 from service.schemas import RunArtifact
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)

@@ -14,7 +14,6 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 from starlette.types import Receive, Scope, Send
 
-from service import experiments as svc
 from service.api import reads, run_pages
 from service.api.deps import (
     IdPath,
@@ -30,8 +29,9 @@ from service.api.routing import JsonRoute
 from service.api.views import run_detail, run_out
 from service.config import Settings
 from service.errors import NotFound
-from service.models import RUN_STATUSES, TERMINAL_STATUSES
-from service.run_events import RunWatcher
+from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
+from service.runs import experiments as svc
+from service.runs.events import RunWatcher
 from service.schemas import MAX_ID, RunDetail, RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)

@@ -12,7 +12,6 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import artifacts, queue, resume_points, verification, worker_identity
 from service.api.deps import (
     AnyRole,
     IdPath,
@@ -25,14 +24,18 @@ from service.api.deps import (
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
-from service.auth import Principal
-from service.claim_waits import ClaimWaits
+from service.auth import worker_identity
+from service.auth.provenance_key import claim_provenance
+from service.auth.tokens import Principal
 from service.config import Settings
 from service.errors import CheckpointRefused, Forbidden
 from service.metrics import observe_claim
-from service.models import Run
-from service.provenance_key import claim_provenance
+from service.persistence.models import Run
+from service.runs import queue, resume_points
+from service.runs.claim_waits import ClaimWaits
 from service.schemas import MAX_ID, ArtifactOut, RunOut
+from service.storage import artifacts
+from service.verification import result_checks as verification
 from service.worker_schemas import (
     CheckpointFile,
     CheckpointOut,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from worker.environment_capture import EXPORT_MODEL_ENV
+from worker.record.environment_capture import EXPORT_MODEL_ENV
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ import requests.exceptions
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
 
-from worker.determinism import required_environment
-from worker.gpu_info import gpu_devices
 from worker.node.executors import ExecutorUnavailable
 from worker.node.executors.base import JobRequest, export_environment
 from worker.node.executors.docker_job import ContainerJob
 from worker.node.executors.process import job_command
+from worker.record.gpu_info import gpu_devices
 from worker.spec import ExperimentSpec
+from worker.training.determinism import required_environment
 
 log = logging.getLogger("reprotrain.agent")
 

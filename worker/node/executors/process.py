@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.node.executors.base import JobRequest, export_environment
-from worker.progress import parse_line
 from worker.result import JobResult, read_result
+from worker.training.progress import parse_line
 
 EventHandler = Callable[[dict[str, Any]], None]
 _PR_SET_PDEATHSIG = 1

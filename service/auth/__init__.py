@@ -1,0 +1,2 @@
+"""Who may do what: bearer tokens and their cache, first-start tokens, worker identities,
+and the key jobs digest environment values with."""

@@ -1,0 +1,82 @@
+"""Worker identities: a name is one worker, registered by one token.
+
+Re-trace runs are pinned to a worker by name, and reports are checked against the worker
+that holds a run, so a name must not pass between tokens while its token is valid.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.errors import Conflict, Forbidden
+from service.persistence.models import ApiToken, Worker, utcnow
+
+
+def _token_is_live(db: Session, token_id: int | None) -> bool:
+    token = db.get(ApiToken, token_id) if token_id is not None else None
+    if token is None or token.revoked_at is not None:
+        return False
+    return token.expires_at is None or token.expires_at > utcnow()
+
+
+def device_counts(
+    gpu: str | None, gpus: int | None, cpu_devices: int | None
+) -> tuple[int, int | None]:
+    """(GPUs, logical CPU devices) of a registration; an agent too old to count its GPUs
+    but naming one has one, and a node with GPUs trains on them, not on CPU devices."""
+    counted = gpus if gpus is not None else (1 if gpu else 0)
+    return counted, (None if counted else cpu_devices)
+
+
+def register_worker(
+    *,
+    token_id: int | None,
+    db: Session,
+    name: str,
+    hostname: str,
+    executors: list[str],
+    images: list[str],
+    gpu: str | None,
+    allowed_images: list[str] | None = None,
+    gpus: int | None = None,
+    cpu_devices: int | None = None,
+) -> Worker:
+    """The worker of this name, created or refreshed: a name is one worker's identity.
+
+    The same token registering the same name again gets the same worker back (its id, and
+    the runs it holds), with its capabilities refreshed. A name registered by another
+    token is refused (Conflict, 409) while that token is valid; once it is revoked or
+    expired, the name passes to the new token. An image outside `allowed_images` (when
+    the operator set it) is refused (Forbidden, 403). Its `devices` are its GPUs, else the
+    logical CPU devices it allows, else one.
+    """
+    refused = [image for image in images if allowed_images and image not in allowed_images]
+    if refused:
+        raise Forbidden(
+            f"image {refused[0]!r} is not one this server lets workers advertise "
+            "(REPRO_WORKER_IMAGES)"
+        )
+    for _ in range(2):  # a second pass after losing a race to insert the same name
+        worker = db.scalar(select(Worker).where(Worker.name == name))
+        if worker is not None and worker.token_id != token_id:
+            if _token_is_live(db, worker.token_id):
+                raise Conflict(
+                    f"worker name {name!r} is registered by another token; choose another name"
+                )
+            worker.token_id = token_id  # the name's token was revoked or expired
+        if worker is None:
+            worker = Worker(token_id=token_id, name=name)
+            db.add(worker)
+        worker.hostname, worker.executors, worker.images = hostname, executors, images
+        worker.gpu, worker.last_seen_at = gpu, utcnow()
+        worker.gpus, worker.cpu_devices = device_counts(gpu, gpus, cpu_devices)
+        worker.devices = worker.gpus or worker.cpu_devices or 1
+        try:
+            db.commit()
+        except IntegrityError:
+            db.rollback()
+            continue
+        return worker
+    raise Conflict(f"worker name {name!r} is being registered by another request")

@@ -1,0 +1,281 @@
+"""Submitting experiments and rerunning runs."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.auth.tokens import Principal, audit
+from service.config import Settings
+from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
+from service.json_bounds import MAX_INT_DIGITS, exceeds_int_digits
+from service.persistence.models import Experiment, Run, utcnow
+from service.storage import datasets
+from worker.errors import ArchitectureError, MalformedSpecError, SpecError
+from worker.models import registry
+from worker.spec import ExperimentSpec, parse_spec, parse_spec_text
+from worker.training.seeds import resolve_seed
+
+
+def parse_submission(
+    body: bytes, fmt: Literal["json", "yaml"], *, settings: Settings
+) -> ExperimentSpec:
+    """The validated spec of a request body; MalformedBody or InvalidSpec otherwise."""
+    try:
+        spec = parse_spec_text(body, fmt=fmt)
+        registry.check_spec(spec)
+    except MalformedSpecError as exc:
+        raise MalformedBody(str(exc), errors=exc.errors) from None
+    except RecursionError:  # the parsers recurse once per level of nesting
+        raise MalformedBody(f"the {fmt.upper()} spec nests too deeply") from None
+    except SpecError as exc:
+        raise InvalidSpec(str(exc), errors=exc.errors) from None
+    except ValueError as exc:  # an integer too long for Python, read or written back
+        if not exceeds_int_digits(exc):
+            raise
+        msg = f"a number in the spec has more than {MAX_INT_DIGITS} digits"
+        raise InvalidSpec(msg, errors=[{"loc": "$", "msg": msg}]) from None
+    check_limits(spec, settings)
+    check_storable(spec)
+    return spec
+
+
+def check_storable(spec: ExperimentSpec) -> None:
+    """InvalidSpec for text the database cannot store (PostgreSQL text refuses NUL)."""
+    texts = {"name": spec.name, "environment.image": spec.environment.image}
+    errors = [
+        {"loc": loc, "msg": "must not contain NUL characters"}
+        for loc, text in texts.items()
+        if "\x00" in (text or "")
+    ]
+    if errors:
+        raise InvalidSpec(f"invalid spec: {errors[0]['loc']}: {errors[0]['msg']}", errors=errors)
+
+
+def check_limits(spec: ExperimentSpec, settings: Settings) -> None:
+    """InvalidSpec if the spec asks for more work than this server's operator allows."""
+    ds, tr = spec.dataset, spec.training
+    checks = [
+        ("training.epochs", tr.epochs, settings.max_epochs, "epochs"),
+        ("dataset.batch_size", ds.batch_size, settings.max_batch_size, "samples per batch"),
+        ("dataset.train_batches", ds.train_batches, settings.max_batches_per_epoch, "batches"),
+        ("dataset.eval_batches", ds.eval_batches, settings.max_batches_per_epoch, "batches"),
+        (
+            "training.epochs",
+            tr.epochs * ds.train_batches,
+            settings.max_total_steps,
+            "total steps (epochs x train_batches)",
+        ),
+    ]
+    det, threads = spec.determinism, settings.max_threads
+    for loc, asked in (
+        ("determinism.intra_op_threads", det.intra_op_threads),
+        ("determinism.inter_op_threads", det.inter_op_threads),
+        ("dataset.num_parallel_calls", ds.num_parallel_calls),
+    ):
+        if isinstance(asked, int):  # None and "autotune" leave the choice to the worker
+            checks.append((loc, asked, threads, "threads"))
+    elements = registry.batch_elements(spec)
+    if elements is not None:
+        unit = "input values per batch (batch_size x sample size)"
+        checks.append(("dataset.batch_size", elements, settings.max_batch_elements, unit))
+    try:
+        parameters = registry.parameter_count(spec)
+    except ArchitectureError:
+        parameters = None  # a model that cannot be built fails on the worker, saying why
+    if parameters is not None:
+        checks.append(("model", parameters, settings.max_model_parameters, "model parameters"))
+    replicas = spec.distribution.replicas
+    checks.append(("distribution.replicas", replicas, settings.max_replicas, "replicas"))
+    errors = [
+        {"loc": loc, "msg": f"{value} {unit} exceeds this server's limit of {limit}"}
+        for loc, value, limit, unit in checks
+        if value > limit
+    ]
+    if errors:
+        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+        raise InvalidSpec(f"spec exceeds limits: {detail}", errors=errors)
+
+
+def create_experiment(
+    *,
+    db: Session,
+    spec: ExperimentSpec,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+    actor: Principal | None = None,
+    copies: int = 1,
+) -> tuple[Experiment, Run, bool]:
+    """Store the spec with its resolved seed and queue its first run.
+
+    With `copies` > 1 it queues that many runs at once as a reproducibility audit: one
+    family whose copies go to different workers (the audit id is the first run's id).
+    Returns (experiment, first run, created); a repeated idempotency key returns the
+    original with created False, and a key reused for a different body raises Conflict.
+    """
+    if idempotency_key is not None:
+        idempotency_key = scoped_idempotency_key(idempotency_key, actor)
+        found = _by_idempotency_key(db, idempotency_key, request_hash)
+        if found is not None:
+            return found[0], found[1], False
+    datasets.require_held(db, spec.dataset.data)
+    seed = resolve_seed(spec.seed)
+    resolved = spec.with_seed(seed)
+    experiment = Experiment(
+        name=spec.name,
+        spec=resolved.model_dump(mode="json"),
+        spec_hash=resolved.spec_hash(),
+        submitted_spec_hash=spec.spec_hash(),
+        seed=list(seed),
+        seed_source="spec" if spec.seed is not None else "generated",
+        image=spec.environment.image,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    replicas = spec.distribution.replicas
+    run = Run(
+        experiment=experiment,
+        status="queued",
+        required_image=spec.environment.image,
+        replicas=replicas,
+    )
+    db.add_all([experiment, run])
+    try:
+        db.flush()
+    except IntegrityError:
+        # A concurrent request with the same key won the race: answer with its result.
+        db.rollback()
+        found = _by_idempotency_key(db, idempotency_key or "", request_hash)
+        if found is None:
+            raise
+        return found[0], found[1], False
+    run.family_id = run.id
+    if copies > 1:
+        run.audit_id = run.id
+        db.add_all(
+            Run(
+                experiment=experiment,
+                status="queued",
+                required_image=spec.environment.image,
+                rerun_of_id=run.id,
+                family_id=run.id,
+                audit_id=run.id,
+                replicas=replicas,
+            )
+            for _ in range(copies - 1)
+        )
+    audit(
+        db=db,
+        actor=actor,
+        action="experiment.submit",
+        target_type="experiment",
+        target_id=experiment.id,
+        details={"run_id": run.id, "spec_hash": experiment.spec_hash, "copies": copies},
+    )
+    db.commit()
+    return experiment, run, True
+
+
+def scoped_idempotency_key(key: str, actor: Principal | None) -> str:
+    """The stored form of a client's Idempotency-Key: one token's keys never meet another's."""
+    owner = str(actor.token_id) if actor is not None else "server"
+    return "sha256:" + hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+
+
+def _by_idempotency_key(
+    db: Session, key: str, request_hash: str | None
+) -> tuple[Experiment, Run] | None:
+    experiment = db.scalar(select(Experiment).where(Experiment.idempotency_key == key))
+    if experiment is None:
+        return None
+    if request_hash is not None and experiment.request_hash != request_hash:
+        raise Conflict("this Idempotency-Key was already used for a different request body")
+    return experiment, experiment.runs[0]
+
+
+def body_hash(body: bytes, content_type: str, copies: int = 1) -> str:
+    """Digest identifying a submission for idempotency checks."""
+    head = content_type.encode() + (f"\0copies={copies}".encode() if copies > 1 else b"")
+    return hashlib.sha256(head + b"\0" + body).hexdigest()
+
+
+def get_run(db: Session, run_id: int) -> Run:
+    """The run, or NotFound."""
+    run = db.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return run
+
+
+def get_experiment(db: Session, experiment_id: int) -> Experiment:
+    """The experiment, or NotFound."""
+    experiment = db.get(Experiment, experiment_id)
+    if experiment is None:
+        raise NotFound(f"experiment {experiment_id} does not exist")
+    return experiment
+
+
+def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
+    """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
+    original = get_run(db, run_id)
+    if original.kind != "train":
+        raise Conflict(f"run {run_id} is a re-trace; rerun the run it re-traced")
+    if original.status == "cancelled":
+        raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
+    spec = original.experiment.spec
+    try:
+        # parse_spec: a stored spec past today's bounds is a SpecError, not a 500.
+        registry.check_spec(parse_spec(spec))
+    except SpecError as exc:
+        raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
+    datasets.require_held(db, (spec.get("dataset") or {}).get("data"))
+    # Pin what the original actually ran on, so the rerun cannot silently change image.
+    image = reported_image(original.provenance) or original.required_image
+    new = Run(
+        experiment_id=original.experiment_id,
+        rerun_of_id=original.id,
+        family_id=original.family_id or original.id,
+        status="queued",
+        required_image=image,
+        replicas=original.replicas,
+    )
+    db.add(new)
+    db.flush()
+    audit(
+        db=db,
+        actor=actor,
+        action="run.rerun",
+        target_type="run",
+        target_id=new.id,
+        details={"rerun_of": original.id, "image": image},
+    )
+    db.commit()
+    return new
+
+
+def reported_image(provenance: dict[str, Any] | None) -> str | None:
+    """The image a run reported running on, if it reported one: its image ID (the same on
+    every host that holds the image), else its digest, else its reference."""
+    recorded = (provenance or {}).get("image")
+    if not isinstance(recorded, dict):
+        return None
+    found = [recorded.get(key) for key in ("id", "digest", "reference")]
+    return next((value for value in found if isinstance(value, str) and value), None)
+
+
+def cancel(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
+    """Cancel a queued or running run; the worker holding it loses its lease."""
+    run = get_run(db, run_id)
+    if run.status not in ("queued", "running"):
+        raise Conflict(f"run {run_id} is already {run.status}")
+    run.status = "cancelled"
+    run.lease_expires_at = None
+    run.error = {"type": "Cancelled", "message": "cancelled by request"}
+    run.finished_at = utcnow()
+    audit(db=db, actor=actor, action="run.cancel", target_type="run", target_id=run.id)
+    db.commit()
+    return run

@@ -1,0 +1,355 @@
+"""The run queue: workers claim runs under a lease, keep it with heartbeats, and report.
+
+A run is held by at most one worker: claiming is one atomic conditional update (with
+`FOR UPDATE SKIP LOCKED` on PostgreSQL), and every report is checked against the holder.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, and_, delete, exists, or_, select, update
+from sqlalchemy.orm import Session, aliased
+
+from service import metrics
+from service.auth.tokens import Principal
+from service.config import Settings
+from service.errors import Forbidden, NotFound, NotHeld
+from service.persistence.models import (
+    TERMINAL_STATUSES,
+    Artifact,
+    Run,
+    TracePointRow,
+    Worker,
+    utcnow,
+)
+from service.runs import resume_points
+from service.runs import wakeups as bell
+from service.runs.experiments import reported_image
+from service.verification import verdicts
+from service.verification.result_checks import Verification, image_allowed, still_the_checkpoint
+from worker.result import JobResult
+
+
+def get_worker(db: Session, worker_id: int) -> Worker:
+    """The worker, or NotFound."""
+    worker = db.get(Worker, worker_id)
+    if worker is None:
+        raise NotFound(f"worker {worker_id} is not registered")
+    return worker
+
+
+def check_worker(db: Session, worker_id: int, principal: Principal) -> Worker:
+    """The worker if this token registered it; Forbidden (403) for anyone else's worker."""
+    worker = get_worker(db, worker_id)
+    if worker.token_id != principal.token_id:
+        raise Forbidden(f"worker {worker_id} belongs to another token")
+    return worker
+
+
+def requeue_expired(*, db: Session, settings: Settings) -> None:
+    """Put runs whose lease expired back in the queue, or fail them after too many attempts."""
+    now = utcnow()
+    expired = and_(Run.status == "running", Run.lease_expires_at < now)
+    db.execute(
+        update(Run)
+        .where(expired, Run.attempt >= settings.max_attempts)
+        .values(
+            status="failed",
+            worker_id=None,
+            lease_expires_at=None,
+            finished_at=now,
+            error={
+                "type": "LeaseExpired",
+                "message": f"gave up after {settings.max_attempts} attempts: the worker "
+                "holding the run stopped sending heartbeats each time",
+            },
+        )
+        .execution_options(synchronize_session=False)
+    )
+    requeued = db.execute(
+        update(Run)
+        .where(expired)
+        .values(status="queued", worker_id=None, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    if cast(CursorResult[Any], requeued).rowcount:
+        bell.note_queued(db)
+        metrics.LEASE_EXPIRIES.inc(cast(CursorResult[Any], requeued).rowcount)
+    db.commit()
+
+
+def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
+    """A copy of a reproducibility audit goes to a worker that has not run one of its copies,
+    unless every live worker already has (then any may take another)."""
+    mine, theirs, other = aliased(Run), aliased(Run), aliased(Worker)
+    has_copy = exists().where(mine.audit_id == candidate.audit_id, mine.worker_id == worker.id)
+    idle_elsewhere = exists().where(
+        other.id != worker.id,
+        other.last_seen_at >= live_since,
+        ~exists().where(theirs.audit_id == candidate.audit_id, theirs.worker_id == other.id),
+    )
+    return or_(candidate.audit_id.is_(None), ~has_copy, ~idle_elsewhere)
+
+
+def waiting_reason(
+    *, db: Session, required_image: str | None, replicas: int, settings: Settings
+) -> str | None:
+    """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
+    or none offers as many devices as it asks replicas (None when some live worker could
+    take it)."""
+    live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
+    live = db.execute(
+        select(Worker.images, Worker.devices).where(Worker.last_seen_at >= live_since)
+    ).all()
+    reasons = []
+    if required_image is not None and not any(
+        required_image in (images or []) for images, _ in live
+    ):
+        reasons.append(
+            f"no live worker advertises image {required_image}; the run stays queued "
+            "until a worker that runs that image claims it"
+        )
+    most = max((devices for _, devices in live), default=0)
+    if replicas > 1 and replicas > most:  # every worker offers one device
+        offered = (
+            f"the most devices any live worker offers is {most}" if live else "no worker is live"
+        )
+        reasons.append(
+            f"needs {replicas} replicas; {offered} (GPUs, or logical CPU devices a "
+            "CPU-only worker allows with --cpu-replicas); the run stays queued until a worker "
+            f"with {replicas} devices claims it"
+        )
+    return "; ".join(reasons) or None
+
+
+def workers_seen(db: Session, limit: int = 500) -> list[Worker]:
+    """Registered workers, most recently seen first."""
+    return list(db.scalars(select(Worker).order_by(Worker.last_seen_at.desc()).limit(limit)))
+
+
+def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
+    """Atomically take the oldest queued run this worker can run, or None."""
+    worker = get_worker(db, worker_id)
+    requeue_expired(db=db, settings=settings)
+    now = utcnow()
+    candidate = aliased(Run)
+    runnable = and_(
+        candidate.status == "queued",
+        or_(
+            candidate.required_image.is_(None),
+            candidate.required_image.in_(worker.images or [""]),
+        ),
+        or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
+        candidate.replicas <= worker.devices,
+        _spread(candidate, worker, now - timedelta(seconds=settings.lease_seconds)),
+    )
+    candidates = select(candidate.id).where(runnable).order_by(candidate.id).limit(1)
+    if db.get_bind().dialect.name == "postgresql":
+        candidates = candidates.with_for_update(of=candidate, skip_locked=True)
+    run_id = db.execute(
+        update(Run)
+        .where(Run.id == candidates.scalar_subquery(), Run.status == "queued")
+        .values(
+            status="running",
+            worker_id=worker.id,
+            attempt=Run.attempt + 1,
+            lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+            heartbeat_at=now,
+            started_at=now,
+        )
+        .returning(Run.id)
+        .execution_options(synchronize_session=False)
+    ).scalar()
+    worker.last_seen_at = now
+    db.commit()
+    return db.get(Run, run_id, populate_existing=True) if run_id is not None else None
+
+
+def held_run(db: Session, run_id: int, worker_id: int) -> Run:
+    """The run if this worker holds it now; NotHeld (409) otherwise, NotFound if absent."""
+    query = select(Run).where(Run.id == run_id)
+    if db.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()  # serialise with requeue and other reports
+    run = db.scalar(query.execution_options(populate_existing=True))
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    if run.status == "running" and run.worker_id is not None and run.worker_id != worker_id:
+        raise Forbidden(f"run {run_id} is held by another worker")
+    if run.status != "running" or run.worker_id != worker_id:
+        raise NotHeld(f"worker {worker_id} does not hold run {run_id} (status {run.status})")
+    return run
+
+
+def heartbeat(
+    *,
+    db: Session,
+    settings: Settings,
+    run_id: int,
+    worker_id: int,
+    progress: dict[str, Any] | None,
+) -> Run:
+    """Extend the lease and record progress."""
+    run = held_run(db, run_id, worker_id)
+    now = utcnow()
+    run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
+    run.heartbeat_at = now
+    worker = db.get(Worker, worker_id)
+    if worker is not None:
+        worker.last_seen_at = now  # a busy worker is alive too
+    if progress is not None:
+        run.progress = progress
+    db.commit()
+    return run
+
+
+def release(*, db: Session, run_id: int, worker_id: int, reason: str) -> Run:
+    """Give the run back to the queue (a worker shutting down); not counted as a failure."""
+    run = held_run(db, run_id, worker_id)
+    run.status = "queued"
+    run.worker_id = None
+    run.lease_expires_at = None
+    run.attempt = max(run.attempt - 1, 0)
+    run.progress = {"event": "released", "reason": reason}
+    db.commit()
+    return run
+
+
+def reported_run(db: Session, run_id: int, worker_id: int, result: JobResult) -> Run | None:
+    """The run if this worker already reported this result (a retry after a lost answer)."""
+    run = db.get(Run, run_id, populate_existing=True)
+    if run is None or run.status not in TERMINAL_STATUSES or run.worker_id != worker_id:
+        return None
+    checked = ((run.reported_by or {}).get("fingerprint") or {}).get("reported")
+    if run.final_fingerprint == result.final_fingerprint or (
+        run.reported_by is not None and checked == result.final_fingerprint
+    ):
+        return run
+    return None
+
+
+def _reporter(
+    db: Session,
+    worker_id: int,
+    principal: Principal | None,
+    result: JobResult,
+    verification: Verification,
+    allowed_images: list[str],
+) -> dict[str, Any]:
+    worker = db.get(Worker, worker_id)
+    image = reported_image(result.provenance)
+    return {
+        "worker_id": worker_id,
+        "worker": worker.name if worker is not None else None,
+        "token_id": principal.token_id if principal is not None else None,
+        "token": principal.name if principal is not None else None,
+        "image": image,
+        "image_allowed": image_allowed(image, allowed_images),
+        "fingerprint": verification.record(),
+        "at": utcnow().isoformat() + "Z",
+    }
+
+
+def complete(
+    *,
+    db: Session,
+    run_id: int,
+    worker_id: int,
+    result: JobResult,
+    verification: Verification | None = None,
+    principal: Principal | None = None,
+    allowed_images: list[str] | None = None,
+    max_checkpoint_bytes: int | None = None,
+) -> Run:
+    """Record a job's result document; a rerun gets its verdict.
+
+    `verification` is the server's own check of the final fingerprint (see
+    `service.verification.result_checks.verify_result`, done before this locks the run): a
+    result that
+    failed it, or reports an image outside `allowed_images`, is recorded as a failed run
+    with the reason, keeping what the worker reported, and never becomes a reference.
+    """
+    found = reported_run(db, run_id, worker_id, result)
+    if found is not None:
+        return found
+    run = held_run(db, run_id, worker_id)
+    check = verification or Verification("not_checked", result.final_fingerprint)
+    check = still_the_checkpoint(db, run_id, check)
+    allowed = allowed_images or []
+    run.reported_by = _reporter(db, worker_id, principal, result, check, allowed)
+    error = check.error()
+    if error is None and run.reported_by["image_allowed"] is False:
+        error = {
+            "type": "ImageNotAllowed",
+            "message": f"the worker reported running image {run.reported_by['image']!r}, "
+            "which is not one this server lets workers run (REPRO_WORKER_IMAGES)",
+        }
+    run.status = "succeeded" if result.status == "succeeded" and error is None else "failed"
+    run.finished_at = utcnow()
+    run.lease_expires_at = None
+    run.final_fingerprint = result.final_fingerprint if error is None else None
+    run.trace_granularity = result.trace_granularity
+    run.provenance = result.provenance
+    run.metrics = result.metrics
+    run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
+    run.resumed_from_step = result.resumed_from_step
+    run.error = error or (result.error.model_dump() if result.error else None)
+    run.result_summary = {
+        "spec_hash": result.spec_hash,
+        "seed": result.seed,
+        "determinism": result.determinism,
+        "eval_data_fingerprint": result.eval_data_fingerprint,
+        "resumed_from_epoch": result.resumed_from_epoch,
+        "resumed_from_step": result.resumed_from_step,
+        "warnings": result.warnings,
+        "timings": result.timings,
+    }
+    db.execute(delete(TracePointRow).where(TracePointRow.run_id == run.id))
+    db.add_all(
+        TracePointRow(
+            run_id=run.id,
+            seq=i,
+            kind=p.kind,
+            epoch=p.epoch,
+            step=p.step,
+            fingerprint=p.fingerprint,
+            variables=p.variables,
+        )
+        for i, p in enumerate(result.trace)
+    )
+    db.flush()
+    if run.status == "succeeded" and run.kind == "train":
+        verdicts.update_family(
+            db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
+        )
+    db.commit()
+    # A finished run resumes no more: its step checkpoints only took space.
+    resume_points.prune_step_checkpoints(db, run, keep_newest=False)
+    return run
+
+
+def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> Run:
+    """Mark the run failed with the worker's error."""
+    run = held_run(db, run_id, worker_id)
+    run.status = "failed"
+    run.finished_at = utcnow()
+    run.lease_expires_at = None
+    run.error = error
+    db.commit()
+    return run
+
+
+def may_read_artifact(db: Session, artifact: Artifact, principal: Principal) -> bool:
+    """Whether a worker token may download the artifact: its worker holds the artifact's run,
+    or holds a re-trace that starts from that run's checkpoint."""
+    held = db.scalars(
+        select(Run)
+        .join(Worker, Worker.id == Run.worker_id)
+        .where(Run.status == "running", Worker.token_id == principal.token_id)
+    ).all()
+    return any(
+        run.id == artifact.run_id
+        or (run.job_options or {}).get("resume_from_run") == artifact.run_id
+        for run in held
+    )

@@ -1,0 +1,1 @@
+"""What the server stores by content: artifacts (checkpoints, logs) and datasets."""

@@ -1,0 +1,181 @@
+"""Artifact storage: streamed to a temporary file, digest-verified, then moved into place."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
+from service.persistence.file_modes import open_private, private_dir
+from service.persistence.models import Artifact, Run
+
+# The API documents and validates both; check_upload holds for any other caller.
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"  # a plain file name, never a path
+SHA256_HEX = r"^[0-9a-fA-F]{64}$"
+# An upload in progress writes its `.part` file as the bytes arrive (and a stalled one is
+# cut off by the body timeout), so one untouched this long belongs to a server that stopped.
+PARTIAL_UPLOAD_MAX_AGE_SECONDS = 3600.0
+
+log = logging.getLogger(__name__)
+
+
+def check_upload(name: str, declared_sha256: str | None) -> str:
+    """The declared digest, lower-cased; MalformedBody for a bad name or digest."""
+    if not re.fullmatch(SAFE_NAME, name):
+        raise MalformedBody(f"artifact name {name!r} is not a plain file name")
+    digest = (declared_sha256 or "").lower()
+    if not re.fullmatch(SHA256_HEX, digest):
+        raise MalformedBody("X-Content-SHA256 must be the hex SHA-256 of the body")
+    return digest
+
+
+async def write_hashed(
+    chunks: AsyncIterator[bytes], path: Path, *, max_bytes: int, what: str
+) -> tuple[str, int]:
+    """Write the stream to a new owner-only file, synced: (hex SHA-256, size).
+
+    BodyTooLarge past `max_bytes` (counted as the bytes arrive); the caller removes `path`
+    when anything fails.
+    """
+    h, size = hashlib.sha256(), 0
+    with os.fdopen(open_private(path), "wb") as fh:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"{what} larger than {max_bytes} bytes")
+            h.update(chunk)
+            fh.write(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return h.hexdigest(), size
+
+
+async def receive(
+    chunks: AsyncIterator[bytes],
+    *,
+    directory: Path,
+    name: str,
+    declared_sha256: str,
+    max_bytes: int,
+) -> tuple[Path, int]:
+    """Stage the stream in a temporary file under `directory` if its digest matches.
+
+    Returns (staged file, size); `record` moves the file into place, and the caller removes
+    it if anything fails before. Nothing is left behind when the digest or size check fails.
+    """
+    private_dir(directory)  # artifacts are owner-only: 0600 files in 0700 directories
+    tmp = directory / f".{name}.{os.getpid()}.{id(chunks)}.part"
+    try:
+        actual, size = await write_hashed(chunks, tmp, max_bytes=max_bytes, what="artifact")
+        if actual != declared_sha256:
+            raise DigestMismatch(
+                f"received {size} bytes with SHA-256 {actual}, not {declared_sha256}"
+            )
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, size
+
+
+def stored_path(directory: Path, digest: str) -> Path:
+    """Where the file of `digest` (hex, or `sha256:`-prefixed) lives in a content store."""
+    hexdigest = digest.removeprefix("sha256:")
+    return directory / hexdigest[:2] / hexdigest
+
+
+def lock_digests(db: Session, digests: Iterable[str]) -> None:
+    """Hold the stored files of these digests until the transaction ends.
+
+    Files are content-addressed and shared: a prune must not remove a file between its
+    check that no artifact names the digest and the unlink, while an upload of the same
+    bytes puts the file back and records its artifact. Both hold the digest meanwhile. On
+    PostgreSQL that is a transaction-level advisory lock per digest (in a fixed order, so
+    two holders never wait for each other). SQLite has one writer at a time, and both
+    callers have written in this transaction before they call this, so they already hold
+    the database's write lock until their commit.
+    """
+    if db.get_bind().dialect.name != "postgresql":
+        return
+    for digest in sorted(set(digests)):
+        db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": int(digest[:15], 16)})
+
+
+def record(
+    *,
+    db: Session,
+    run: Run,
+    kind: str,
+    name: str,
+    epoch: int | None,
+    sha256: str,
+    size: int,
+    staged: Path,
+    directory: Path,
+) -> Artifact:
+    """Move a staged upload into place and create or replace the artifact row for
+    (run, kind, name), holding the digest (`lock_digests`) from before the move until the
+    row is committed."""
+    art = db.scalar(
+        select(Artifact).where(
+            Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name == name
+        )
+    )
+    if art is None:
+        art = Artifact(run_id=run.id, kind=kind, name=name)
+        db.add(art)
+    final = stored_path(directory, sha256)
+    art.epoch, art.sha256, art.size = epoch, sha256, size
+    art.storage_url, art.attempt = final.resolve().as_uri(), run.attempt
+    db.flush()  # the row is written first: on SQLite this takes the write lock
+    lock_digests(db, [sha256])
+    private_dir(final.parent)
+    os.replace(staged, final)
+    db.commit()
+    return art
+
+
+def get_artifact(db: Session, artifact_id: int) -> Artifact:
+    """The artifact, or NotFound."""
+    art = db.get(Artifact, artifact_id)
+    if art is None:
+        raise NotFound(f"artifact {artifact_id} does not exist")
+    return art
+
+
+def local_path(art: Artifact) -> Path:
+    """The file behind a local `file://` storage URL."""
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(art.storage_url).path))
+
+
+def sweep_partial_uploads(
+    directories: Iterable[Path], *, older_than: float = PARTIAL_UPLOAD_MAX_AGE_SECONDS
+) -> int:
+    """Remove the half-written uploads (`.*.part`) a stopped server left in `directories`,
+    those untouched for `older_than` seconds; returns how many went."""
+    cutoff = time.time() - older_than
+    removed = 0
+    for directory in directories:
+        try:
+            candidates = list(directory.glob(".*.part"))
+        except OSError:
+            continue
+        for path in candidates:
+            try:
+                if path.is_file() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+            except OSError:  # gone meanwhile, or not ours to remove: leave it
+                continue
+    if removed:
+        log.info("removed %d half-written upload(s) left by a stopped server", removed)
+    return removed

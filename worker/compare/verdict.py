@@ -1,0 +1,375 @@
+"""The comparison report of two runs: identical, or where, in what, how much and why not.
+
+TensorFlow-free (NumPy for the numeric differences): the API builds reports with it from
+its database and artifact store, and `repro compare` from two result documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worker.compare.numeric_diff import array_difference
+from worker.compare.spec_diff import describe_spec_diff, diff_specs, why_it_matters
+from worker.errors import CheckpointError, CheckpointRefused
+from worker.record.checkpoint import checkpoint_epoch, read_variables
+from worker.record.environment_capture import unlisted_variables
+from worker.record.provenance import diff_provenance
+from worker.record.trace import Located, TracePoint, diff_variables, locate_divergence
+from worker.result import JobResult
+
+# (epoch, variable paths) -> {path: array}, from the run's checkpoint at the end of that epoch.
+CheckpointReader = Callable[[int, Sequence[str]], Mapping[str, np.ndarray]]
+_SHOWN_VARIABLES = 5
+_SHOWN_FIELDS = 3
+
+
+@dataclass
+class RunRecord:
+    """What the report needs to know about one run, wherever it is stored."""
+
+    label: str  # "run 12", or a file name
+    status: str
+    spec_hash: str | None
+    granularity: str | None
+    final_fingerprint: str | None
+    trace: Sequence[TracePoint | Mapping[str, Any]]
+    data: Mapping[int, str] = field(default_factory=dict)
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    warnings: Sequence[str] = ()
+    # Per-variable digests of a point, when `trace` was loaded without them.
+    variables_at: Callable[[TracePoint], Mapping[str, str]] | None = None
+    checkpoint_epochs: Sequence[int] = ()
+    read_checkpoint: CheckpointReader | None = None
+    # The resolved spec: runs of different specs are compared with their spec diff.
+    spec: Mapping[str, Any] | None = None
+
+
+def _moment(p: TracePoint) -> dict[str, Any]:
+    return {"kind": p.kind, "epoch": p.epoch, "step": p.step, "label": p.label()}
+
+
+def layer_of(path: str) -> str:
+    """The layer (or optimizer slot group) a variable path belongs to: all but its last part."""
+    return path.rsplit("/", 1)[0] if "/" in path else path
+
+
+def _incomparable(
+    reason: str, a: RunRecord, b: RunRecord, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    report: dict[str, Any] = {"verdict": "incomparable", "reason": reason, **(extra or {})}
+    report["provenance_diff"] = diff_provenance(a.provenance, b.provenance)
+    report["explanation"] = f"The runs cannot be compared: {reason}."
+    if report.get("spec_diff"):
+        report["explanation"] += " " + describe_spec_diff(report["spec_diff"])
+    return report
+
+
+def _incomparable_reason(a: RunRecord, b: RunRecord) -> str | None:
+    for r in (a, b):
+        if r.status != "succeeded":
+            return f"{r.label} did not succeed (status {r.status})"
+    if a.spec_hash != b.spec_hash:
+        if a.spec is None or b.spec is None:  # nothing to diff: nothing to say what changed
+            return f"the runs have different specs ({a.spec_hash} vs {b.spec_hash})"
+        return None  # compared at the trace points both recorded, with the spec diff
+    if a.granularity != b.granularity:
+        return f"their traces have different granularity ({a.granularity} vs {b.granularity})"
+    return None
+
+
+def _variables(record: RunRecord, point: TracePoint) -> Mapping[str, str]:
+    return record.variables_at(point) if record.variables_at is not None else point.variables
+
+
+def _measure(
+    a: RunRecord, b: RunRecord, point: TracePoint, paths: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str | None]:
+    """Numeric size of each differing variable, from the first checkpoint at or after `point`."""
+    if not paths:
+        return [], None, None
+    both = sorted(set(a.checkpoint_epochs) & set(b.checkpoint_epochs))
+    epoch = next((e for e in both if e >= point.epoch), None)
+    if epoch is None or a.read_checkpoint is None or b.read_checkpoint is None:
+        return [], None, f"no checkpoint of both runs at or after the {point.label()}"
+    try:
+        values_a, values_b = a.read_checkpoint(epoch, paths), b.read_checkpoint(epoch, paths)
+    except CheckpointRefused:
+        raise  # a hostile checkpoint is the caller's to answer, not a footnote of the report
+    except (CheckpointError, OSError, ValueError, KeyError) as exc:
+        return [], None, f"the checkpoints of epoch {epoch} could not be read: {exc}"
+    exact = point.kind == "epoch" and point.epoch == epoch
+    where = {"epoch": epoch, "label": f"end of epoch {epoch}", "at_divergence": exact}
+    rows = []
+    for path in paths:
+        if path not in values_a or path not in values_b:
+            missing = "not in both checkpoints"
+            rows.append({"variable": path, "layer": layer_of(path), "note": missing})
+            continue
+        diff = array_difference(values_a[path], values_b[path])
+        rows.append({"variable": path, "layer": layer_of(path), **diff})
+    note = None if exact else f"measured at the end of epoch {epoch}, the first checkpoint after"
+    return rows, where, note
+
+
+def _cause(point: TracePoint, a: RunRecord, b: RunRecord) -> tuple[str, dict[str, Any]]:
+    """('data' | 'compute' | 'unknown', the data fingerprints of the divergent epoch)."""
+    if point.kind == "init":
+        return "compute", {"epoch": 0, "a": None, "b": None, "equal": None}
+    fa, fb = a.data.get(point.epoch), b.data.get(point.epoch)
+    data = {"epoch": point.epoch, "a": fa, "b": fb, "equal": None if not fa or not fb else fa == fb}
+    if data["equal"] is None:
+        return "unknown", data
+    return ("compute" if data["equal"] else "data"), data
+
+
+def build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
+    """The full comparison report of run b against run a (see docs: "Comparing runs")."""
+    reason = _incomparable_reason(a, b)
+    if reason is not None:
+        return _incomparable(reason, a, b)
+    # Specs that differ (another replica count, XLA, threads...) are compared all the same,
+    # at the moments both traces recorded; the report says what differs in the specs.
+    across = a.spec_hash != b.spec_hash
+    spec_diff = diff_specs(a.spec, b.spec) if across else []
+    located = locate_divergence(a.trace, b.trace)
+    if not located.common:
+        extra = {"spec_diff": spec_diff}
+        return _incomparable("the runs have no trace point in common", a, b, extra)
+    provenance = diff_provenance(a.provenance, b.provenance)
+    shared_data = [e for e in a.data if e in b.data] if across else list(a.data)
+    differing_data = sorted(e for e in shared_data if b.data.get(e) != a.data[e])
+    base = {
+        "points": len(located.common),
+        "points_inspected": located.inspected,
+        "provenance_diff": provenance,
+        "data_epochs_differing": differing_data,
+        "data_epochs_equal": sorted(e for e in shared_data if b.data.get(e) == a.data[e]),
+        "spec_diff": spec_diff,
+    }
+    if (
+        located.first is None
+        and not located.unmatched_a
+        and not located.unmatched_b
+        and a.final_fingerprint is not None
+        and a.final_fingerprint == b.final_fingerprint
+    ):
+        report = {"verdict": "identical", "fingerprint": a.final_fingerprint, **base}
+        report["explanation"] = _explain_identical(report, located)
+        return report
+    if located.first is None:
+        reason = (
+            "the runs recorded different trace points"
+            if located.unmatched_a or located.unmatched_b
+            else "the final fingerprints differ"
+        )
+        if across:
+            reason = f"they agree at all {len(located.common)} trace points both recorded, " + (
+                reason.replace("the runs recorded", "but recorded")
+                if located.unmatched_a or located.unmatched_b
+                else "but their final fingerprints differ"
+            )
+            return _incomparable(reason, a, b, base)
+        return _incomparable(reason, a, b)
+    pa, pb = located.common[located.first]
+    changed, only_a, only_b = diff_variables(_variables(a, pa), _variables(b, pb))
+    layers: dict[str, list[str]] = {}
+    for path in changed + only_a + only_b:
+        layers.setdefault(layer_of(path), []).append(path)
+    differences, measured_at, note = _measure(a, b, pa, changed)
+    cause, data = _cause(pa, a, b)
+    last = located.common[located.last_equal][0] if located.last_equal is not None else None
+    report = {
+        "verdict": "diverged",
+        **base,
+        "first_divergence": _moment(pa),
+        "last_identical": _moment(last) if last is not None else None,
+        "variables": changed + only_a + only_b,
+        "variables_only_in": {"a": only_a, "b": only_b},
+        "layers": layers,
+        "differences": differences,
+        "differences_measured_at": measured_at,
+        "differences_note": note,
+        "cause": cause,
+        "data": data,
+        "warnings": sorted({*a.warnings, *b.warnings}),
+    }
+    report["explanation"] = _explain_diverged(report)
+    return report
+
+
+# -- plain language ------------------------------------------------------------------------
+
+
+def _num(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2g}"
+
+
+def _size(d: Mapping[str, Any]) -> str:
+    parts = []
+    if d.get("max_abs_diff") is not None:
+        parts.append(f"max |Δ| {_num(d['max_abs_diff'])}")
+    if d.get("max_ulp") is not None:
+        parts.append(f"{d['max_ulp']} ULP")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _spec_sentence(spec_diff: Sequence[Mapping[str, Any]]) -> str:
+    why = why_it_matters(spec_diff)
+    return f"{describe_spec_diff(spec_diff)} Differing specs are expected to train differently" + (
+        f" ({why})." if why else "."
+    )
+
+
+def _environment_sentence(diff: Sequence[Mapping[str, Any]], cause: str | None) -> str:
+    breaking = [d for d in diff if d["breaks_reproducibility"]]
+    if breaking:
+        shown = ", ".join(f"{d['field']} ({d['a']} vs {d['b']})" for d in breaking[:_SHOWN_FIELDS])
+        more = len(breaking) - _SHOWN_FIELDS
+        extra = f" and {more} more" if more > 0 else ""
+        return f"The runs' environments differ in fields that can change results: {shown}{extra}."
+    others = f" ({len(diff)} other fields differ, none known to affect numerics)" if diff else ""
+    if cause == "data":
+        hint = "such as a generator drawing from a stateful or unseeded RNG"
+    else:
+        hint = "such as an op without a deterministic kernel or unordered parallel work"
+    unlisted = unlisted_variables(diff)
+    if unlisted:
+        names = ", ".join(unlisted[:_SHOWN_FIELDS]) + (
+            " ..." if len(unlisted) > _SHOWN_FIELDS else ""
+        )
+        return (
+            f"No recorded environment field known to affect numerics differs{others}, but "
+            f"environment variables no list names do ({names}): if a library or plugin reads "
+            f"one, it may be the cause; otherwise it is nondeterminism, {hint}."
+        )
+    return (
+        f"No recorded environment field that affects numerics differs{others}, so the cause is "
+        f"nondeterminism within the same environment, {hint}."
+    )
+
+
+def _explain_identical(report: Mapping[str, Any], located: Located) -> str:
+    last = located.common[-1][0]
+    text = (
+        f"The runs are bitwise identical: all {report['points']} trace points through the "
+        f"{last.label()} and the final fingerprint match."
+    )
+    if report.get("spec_diff"):
+        spec = describe_spec_diff(report["spec_diff"])
+        text = f"{spec} Even so, t{text[1:]}"
+    breaking = [d["field"] for d in report["provenance_diff"] if d["breaks_reproducibility"]]
+    if breaking:
+        text += (
+            f" Their environments differ in {', '.join(breaking[:_SHOWN_FIELDS])}"
+            f"{' and more' if len(breaking) > _SHOWN_FIELDS else ''}, which did not change "
+            "the result here."
+        )
+    return text
+
+
+def _explain_diverged(r: Mapping[str, Any]) -> str:
+    div, cause = r["first_divergence"], r["cause"]
+    epoch = div["epoch"]
+    sentences = []
+    if cause == "data":
+        before = f"Data identical through epoch {epoch - 1}; the" if epoch > 1 else "The"
+        sentences.append(
+            f"{before} input pipeline diverged in epoch {epoch}: the runs' data fingerprints "
+            f"for that epoch differ, so they trained on different batches."
+        )
+    elif cause == "compute" and epoch > 0:
+        sentences.append(
+            f"Data identical through epoch {epoch} (equal data fingerprints), so the "
+            "computation diverged."
+        )
+    elif cause == "compute":
+        sentences.append("The initial weights already differ, before any data was used.")
+    else:
+        sentences.append(f"The data fingerprints of epoch {epoch} were not recorded by both runs.")
+    names = r["variables"]
+    first = r["differences"][0] if r["differences"] else None
+    last = r["last_identical"]
+    after = ""
+    if last is not None:
+        init = last["kind"] == "init"
+        after = "identical at initialisation" if init else f"identical through the {last['label']}"
+    if names:
+        lead = names[0] + (_size(first) if first and first["variable"] == names[0] else "")
+        rest = len(names) - 1
+        others = (
+            f" and {rest} other variable{'s' if rest > 1 else ''} in {len(r['layers'])} "
+            f"layer{'s' if len(r['layers']) > 1 else ''}"
+            if rest
+            else ""
+        )
+        if last is None:
+            sentences.append(f"Weights differ from the {div['label']} on, in {lead}{others}.")
+        else:
+            sentences.append(
+                f"Weights are {after} and first differ at the {div['label']} in {lead}{others}."
+            )
+    else:
+        sentences.append(f"The state first differs at the {div['label']}.")
+    if r["differences_note"]:
+        sentences.append(f"Sizes: {r['differences_note']}.")
+    if r.get("spec_diff"):
+        sentences.insert(0, _spec_sentence(r["spec_diff"]))
+    else:
+        sentences.append(_environment_sentence(r["provenance_diff"], cause))
+    if r["warnings"]:
+        sentences.append("The jobs warned: " + "; ".join(r["warnings"]) + ".")
+    return " ".join(sentences)
+
+
+def describe(report: Mapping[str, Any]) -> str:
+    """One line for people: the verdict and, when diverged, where and in what."""
+    fields = [d["path"] for d in report.get("spec_diff") or []]
+    specs = f" (specs differ: {', '.join(fields[:_SHOWN_FIELDS])}" if fields else ""
+    specs += (" and more)" if len(fields) > _SHOWN_FIELDS else ")") if fields else ""
+    if report["verdict"] == "identical":
+        points = f"({report['points']} trace points equal)"
+        return f"identical  {report['fingerprint']}  {points}{specs}"
+    if report["verdict"] != "diverged":
+        return f"{report['verdict']}: {report.get('reason', '')}".rstrip(": ")
+    div = report["first_divergence"]
+    names = ", ".join(report["variables"][:_SHOWN_VARIABLES]) or "(no variable list)"
+    more = len(report["variables"]) - _SHOWN_VARIABLES
+    names += f" and {more} more" if more > 0 else ""
+    cause = {
+        "data": "the input data differed",
+        "compute": "the computation differed (data equal)",
+        "unknown": "data fingerprints missing",
+    }[report["cause"]]
+    return f"diverged at {div['label']} in {names}; {cause}{specs}"
+
+
+def record_from_result(result: JobResult, label: str) -> RunRecord:
+    """A run record from a result document; its local checkpoints (if still there) give sizes."""
+    checkpoints: dict[int, Path] = {}
+    for name in result.checkpoints:
+        epoch = checkpoint_epoch(name)
+        if epoch is not None and Path(name).is_file():
+            checkpoints[epoch] = Path(name)
+
+    def read(epoch: int, paths: Sequence[str]) -> Mapping[str, np.ndarray]:
+        return read_variables(checkpoints[epoch], paths)
+
+    return RunRecord(
+        label=label,
+        status=result.status,
+        spec_hash=result.spec_hash,
+        granularity=result.trace_granularity,
+        final_fingerprint=result.final_fingerprint,
+        trace=result.trace,
+        data={d.epoch: d.fingerprint for d in result.data_fingerprints},
+        provenance=result.provenance,
+        warnings=result.warnings,
+        checkpoint_epochs=sorted(checkpoints),
+        read_checkpoint=read,
+        spec=result.spec,
+    )

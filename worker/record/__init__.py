@@ -1,0 +1,1 @@
+"""What a job records: fingerprints, traces, checkpoints, provenance and environment capture."""

@@ -1,0 +1,208 @@
+"""One experiment's model, optimizer, data and compiled steps, built from its spec, and
+the model-size check made before any weight is allocated."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from worker.data.batch_source import BatchSource, DataInfo
+from worker.data.job_data import build_job_data
+from worker.data.stateless_dataset import StatelessRngDataset, stateful_random_ops_in
+from worker.errors import ArchitectureError, GeneratorError
+from worker.models import registry
+from worker.models.model_size import check_parameter_limit
+from worker.record.fingerprint import fingerprint_state
+from worker.record.trace import PointKind, TracePoint
+from worker.record.variable_reads import training_state
+from worker.spec import ExperimentSpec
+from worker.training import determinism
+from worker.training.mirrored_steps import MirroredSteps
+from worker.training.replicas import Placement
+from worker.training.seeds import SeedTuple
+from worker.training.step_loop import MultiStep
+from worker.training.step_loop import xy as _xy
+
+
+def _data_info(data: StatelessRngDataset, source: BatchSource) -> DataInfo:
+    x, y = _xy(data.make_batch(0), data.name)
+    for what, t in (("x", x), ("y", y)):
+        if t.shape.rank == 0 or t.shape[0] != data.batch_size:
+            raise GeneratorError(
+                data.name,
+                f"{what} has shape {t.shape}; its first dimension must be the "
+                f"batch size {data.batch_size}",
+            )
+    return DataInfo(
+        x_shape=tuple(int(d) for d in x.shape[1:]),
+        x_dtype=x.dtype.name,
+        y_shape=tuple(int(d) for d in y.shape[1:]),
+        y_dtype=y.dtype.name,
+        num_classes=source.num_classes,
+        vocab_size=source.vocab_size,
+    )
+
+
+class Job:
+    """One experiment's model, optimizer, data and compiled steps."""
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        seed: SeedTuple,
+        *,
+        max_model_parameters: int | None = None,
+        data: dict[str, np.ndarray] | None = None,
+        placement: Placement | None = None,
+    ) -> None:
+        self.spec, self.seed = spec, seed
+        self.placement = placement or Placement(1, [], "default")
+        job_data = build_job_data(spec, seed, data=data)
+        source = job_data.source
+        self.data: StatelessRngDataset = job_data.train
+        self.eval_data: StatelessRngDataset | None = job_data.eval
+        self.warnings: list[str] = job_data.warnings
+        info = _data_info(self.data, source)
+
+        arch = registry.get_component(
+            "architecture", spec.model.architecture, loc="model.architecture"
+        )
+        arch_params = arch.validate_params(spec.model.params, loc="model.params")
+        unchecked = None
+        if max_model_parameters is not None:
+            unchecked = _check_size_unbuilt(arch, arch_params, info, max_model_parameters)
+        keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
+        determinism.reseed(seed, "init")
+        strategy = self.placement.strategy
+        tr = spec.training
+        # Under a strategy the model's and optimizer's variables are mirrored on every replica.
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            self.model = arch.load()(arch_params, info)
+            if not isinstance(self.model, keras.Model):
+                raise ArchitectureError(
+                    f"architecture {spec.model.architecture!r} did not return a keras.Model"
+                )
+            if unchecked is not None and max_model_parameters is not None:
+                # Fallback: the architecture could not be built without allocating its weights.
+                how = f"counted after building it, since {unchecked}"
+                check_parameter_limit(self.model.count_params(), max_model_parameters, how=how)
+                self.warnings.append(f"the model size limit was checked only after building: {how}")
+            self.optimizer = keras.optimizers.get(
+                {
+                    "class_name": registry.OPTIMIZERS[tr.optimizer.name],
+                    "config": tr.optimizer.params,
+                }
+            )
+            self.optimizer.build(self.model.trainable_variables)
+        loss_config = {"class_name": registry.LOSSES[tr.loss.name], "config": tr.loss.params}
+        self.loss_fn = keras.losses.get(loss_config)
+        self.state = training_state(self.model, self.optimizer)
+        self.train_metrics = self._metrics("")
+        self.eval_metrics = self._metrics("eval_")
+        step_fn: Callable[[Any, Any], Any] = self._train_step
+        if strategy is None:
+            self.train_step = tf.function(self._train_step, reduce_retracing=True)
+            self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
+        else:
+            steps = MirroredSteps(
+                placement=self.placement,
+                model=self.model,
+                optimizer=self.optimizer,
+                loss_config=loss_config,
+                batch_size=spec.dataset.batch_size,
+                update_train_metrics=lambda loss, y, out: self._update(
+                    self.train_metrics, loss, y, out
+                ),
+                eval_step=self._eval_step,
+            )
+            step_fn = steps.train_step
+            self.train_step = tf.function(steps.train_step, reduce_retracing=True)
+            self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
+        # Several steps per compiled call, for epochs without per-step Python work.
+        self.multi_step = MultiStep(step_fn, self.data.name)
+        self._step_fn = step_fn
+
+    def stateful_random_ops(self) -> list[str]:
+        """Stateful RNG ops in the compiled training and evaluation steps, found by tracing
+        them once more in a throwaway function (the real ones are traced as they run)."""
+        found: set[str] = set()
+        for step, data in ((self._step_fn, self.data), (self._eval_step, self.eval_data)):
+            if data is not None:
+                x, y = _xy(data.as_dataset().element_spec, self.data.name)
+                graph = tf.function(step).get_concrete_function(x, y).graph
+                found.update(stateful_random_ops_in(graph.as_graph_def()))
+        return sorted(found)
+
+    def _metrics(self, prefix: str) -> list[keras.metrics.Metric]:
+        metrics = [keras.metrics.Mean(name=f"{prefix}loss")]
+        for name in self.spec.training.metrics:
+            metrics.append(getattr(keras.metrics, registry.METRICS[name])(name=prefix + name))
+        return metrics
+
+    def _loss(self, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
+        out = self.model(x, training=training)
+        loss = self.loss_fn(y, out)
+        if training and self.model.losses:
+            loss += tf.add_n(self.model.losses)
+        return loss, out
+
+    def _train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss, out = self._loss(x, y, training=True)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        self._update(self.train_metrics, loss, y, out)
+        return loss
+
+    def _eval_step(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        loss, out = self._loss(x, y, training=False)
+        self._update(self.eval_metrics, loss, y, out)
+
+    @staticmethod
+    def _update(
+        metrics: list[keras.metrics.Metric], loss: tf.Tensor, y: tf.Tensor, out: tf.Tensor
+    ) -> None:
+        metrics[0].update_state(loss)
+        for metric in metrics[1:]:
+            metric.update_state(y, out)
+
+    def point(self, kind: PointKind, epoch: int, step: int) -> TracePoint:
+        """A trace point of the current state."""
+        fp = fingerprint_state(self.state)
+        return TracePoint(
+            kind=kind, epoch=epoch, step=step, fingerprint=fp.fingerprint, variables=fp.variables
+        )
+
+
+def _check_size_unbuilt(
+    arch: registry.Component, params: dict[str, Any], info: DataInfo, limit: int
+) -> str | None:
+    """Check the model size without allocating weights; the reason if that was impossible.
+
+    An architecture that ships a `count_parameters` is asked; any other is built in a Keras
+    StatelessScope, where variables get their shapes but no memory until initialised (they
+    never are: the scope's variables are dropped with the session before the real build).
+    """
+    counter = arch.sizer("count_parameters")
+    if counter is not None:
+        check_parameter_limit(int(counter(params, info)), limit, how="computed before building it")
+        return None
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            model = arch.load()(params, info)
+            parameters = int(model.count_params()) if isinstance(model, keras.Model) else None
+    except ArchitectureError:
+        raise
+    except Exception as exc:  # e.g. a layer that creates a variable from a concrete value
+        return f"building it without allocating failed ({type(exc).__name__}: {exc})"
+    finally:
+        keras.backend.clear_session()
+    if parameters is None:
+        return "the architecture did not return a keras.Model"
+    check_parameter_limit(parameters, limit, how="counted from a build that allocated no weights")
+    return None

@@ -1,0 +1,91 @@
+"""The compiled train and eval steps of a job trained over N > 1 replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from worker.training.replicas import Placement, row_bounds
+
+UpdateMetrics = Callable[[Any, Any, Any], None]
+
+
+class MirroredSteps:
+    """Data-parallel steps: replica i trains on rows [B*i//N, B*(i+1)//N) of each global batch.
+
+    Each replica's loss is its per-element losses summed over the global batch's element
+    count (plus 1/N of the regularisation losses), so the all-reduced (summed) gradients
+    are the global batch's, as with one replica, up to the order of the additions. Keras's
+    own reduction would divide by the replica's rows and then by N: wrong for uneven splits.
+    """
+
+    def __init__(
+        self,
+        *,
+        placement: Placement,
+        model: keras.Model,
+        optimizer: Any,
+        loss_config: dict[str, Any],
+        batch_size: int,
+        update_train_metrics: UpdateMetrics,
+        eval_step: Callable[[Any, Any], None],
+    ) -> None:
+        self.placement, self.model, self.optimizer = placement, model, optimizer
+        self.loss_values = keras.losses.get(
+            {**loss_config, "config": {**loss_config["config"], "reduction": "none"}}
+        )
+        self.reduction = str(keras.losses.get(loss_config).reduction)
+        self.batch_size = batch_size
+        self.bounds: Sequence[tuple[int, int]] = row_bounds(batch_size, placement.replicas)
+        self._update_train_metrics = update_train_metrics
+        self._eval_step = eval_step
+
+    def _replica_step(self, x: Any, y: Any) -> tuple[tf.Tensor, Any]:
+        replicas = self.placement.replicas
+        with tf.GradientTape() as tape:
+            out = self.model(x, training=True)
+            values = self.loss_values(y, out)
+            total = tf.reduce_sum(values)
+            if values.shape.rank == 0:  # already a per-replica mean
+                loss = total / replicas
+            elif self.reduction == "sum":
+                loss = total
+            else:  # the mean over every element of the global batch
+                per_row = tf.size(values) // tf.shape(values)[0]
+                loss = total / tf.cast(per_row * self.batch_size, total.dtype)
+            if self.model.losses:
+                loss += tf.add_n(self.model.losses) / replicas
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        return loss, out
+
+    def train_step(self, x: Any, y: Any) -> tf.Tensor:
+        """One global step; returns the global batch's loss."""
+        strategy = self.placement.strategy
+
+        def split(t: Any) -> Any:
+            parts = [tf.nest.map_structure(lambda v, a=a, b=b: v[a:b], t) for a, b in self.bounds]
+            return strategy.experimental_distribute_values_from_function(
+                lambda ctx: parts[ctx.replica_id_in_sync_group]
+            )
+
+        losses, outs = strategy.run(self._replica_step, args=(split(x), split(y)))
+        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        out = tf.nest.map_structure(
+            lambda *parts: tf.concat(parts, axis=0), *strategy.experimental_local_results(outs)
+        )
+        # Metrics see the whole global batch at once, exactly as with one replica.
+        self._update_train_metrics(loss, y, out)
+        return loss
+
+    def eval_step(self, x: Any, y: Any) -> None:
+        """Evaluation, unreplicated on the first device.
+
+        It reads the first replica's copy of per-replica state: BatchNormalization's moving
+        statistics are updated by each replica from its own rows and not synchronised.
+        """
+        with tf.device(self.placement.devices[0]):
+            self._eval_step(x, y)
