@@ -10,7 +10,7 @@ from pathlib import Path
 from benchmarks import api_throughput, arrays_pipeline
 from benchmarks.load_api import Figures
 from benchmarks.pipeline import TARGET, _cause, with_one_core_bound
-from benchmarks.readme import BEGIN, END, README, replace_block
+from benchmarks.readme import BEGIN, END, README, replace_block, results_block
 from benchmarks.rounds import Timed
 from benchmarks.rows import Row
 
@@ -48,6 +48,48 @@ def test_readme_results_are_replaced_between_the_markers_only() -> None:
     head, tail = text.split(BEGIN)[0], text.split(END)[1]
     assert replaced == f"{head}{BEGIN}\nnew figures\n{END}{tail}"
     assert replace_block(replaced, "newer") == replace_block(text, "newer")
+
+
+def test_readme_results_show_the_rows_with_a_target_and_what_missed() -> None:
+    def row(configuration: str, ratio: float, met: bool | None, target: str = ">= 0.90") -> Row:
+        return Row(
+            section="pipeline",
+            benchmark="input pipeline vs fused op",
+            configuration=configuration,
+            unit="values/s",
+            measured=ratio * 100e6,
+            baseline=100e6,
+            ratio=ratio,
+            target=target if met is not None else "",
+            met=met,
+            cause="why" if met is False else "",
+        )
+
+    rows = [row("B=64", 0.645, False), row("Python loop", 0.46, None), row("B=256", 0.95, True)]
+    env = {
+        "date": "2026-11-26",
+        "cpu_count": 2,
+        "cpu_model": "AMD EPYC",
+        "memory_gib": 23.5,
+        "python": "3.11.7",
+        "tensorflow": "2.21.0",
+        "keras": "3.15.1",
+        "numpy": "2.4.6",
+        "blake3": "1.0.11",
+        "sqlite": "3.40.1",
+        "postgresql": "15.18",
+        "loadavg_start": [1.1],
+    }
+    block = results_block(
+        rows, env=env, command="python -m benchmarks", total=514, seconds={}, plot="results.png"
+    )
+    table = [line for line in block.splitlines() if line.startswith("| ")]
+    # The info row stays in the printed table and the JSON; the benchmark is named once.
+    assert "Python loop" not in block and len(table) == 3
+    assert table[1].startswith("| input pipeline vs fused op | B=64 | 64.5 Mvalues/s")
+    assert table[2].startswith("|  | B=256 | ") and "| 0.95 |  | yes |" in table[2]
+    assert "took 8 min 34 s" in block and "![The main curves of this run](results.png)" in block
+    assert "not met: input pipeline vs fused op >= 0.90 in 1 of 2 rows." in block
 
 
 def test_training_rows_come_from_the_keras_sections_jobs(tmp_path: Path) -> None:
