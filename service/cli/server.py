@@ -8,12 +8,18 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from service.cli.output import DEFAULT_API, ApiOption, TokenOption, err
 from service.config import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from worker.node.agent import Agent
 
 DataDirOption = Annotated[
     Path | None, typer.Option(help="data directory (database, artifacts) [REPRO_DATA_DIR]")
@@ -28,6 +34,64 @@ class WorkerExecutor(enum.StrEnum):
 
     process = "process"
     docker = "docker"
+
+
+WorkerNameOption = Annotated[str | None, typer.Option(help="worker name shown in the API")]
+WorkDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="where jobs write their files and results wait until the API takes them; "
+        "keep it across restarts [default: $XDG_STATE_HOME/reprotrain/worker]"
+    ),
+]
+MaxJobsOption = Annotated[int | None, typer.Option(help="exit after this many jobs")]
+PollOption = Annotated[
+    float, typer.Option(help="seconds between claims when the API answers them at once")
+]
+ClaimWaitOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        max=30,
+        help="seconds each claim waits on the API for a run (long poll; 0: poll instead)",
+    ),
+]
+ExecutorOption = Annotated[
+    WorkerExecutor,
+    typer.Option(help="how each job runs: a fresh process here, or a fresh container"),
+]
+ImageOption = Annotated[
+    list[str] | None,
+    typer.Option(help="an image this worker runs (repeatable); runs pinning it come here"),
+]
+MemoryOption = Annotated[
+    str | None, typer.Option(help="docker: memory limit of each job container (e.g. 8g)")
+]
+CpusOption = Annotated[
+    float | None, typer.Option(min=0.01, help="docker: CPUs each job container may use")
+]
+PidsOption = Annotated[
+    int, typer.Option(min=16, help="docker: most processes and threads in a job container")
+]
+DeadlineOption = Annotated[
+    float | None,
+    typer.Option(min=1, help="docker: seconds a job may run before it is stopped and fails"),
+]
+AllowTagOption = Annotated[
+    bool,
+    typer.Option(help="docker: also run runs that pin an image by tag, without a digest"),
+]
+CpuReplicasOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=1024,
+        envvar="REPRO_WORKER_CPU_REPLICAS",
+        help="on a node without GPUs: logical CPU devices a job may split the CPU into, so "
+        "runs asking for up to this many replicas come here (advertised to the API as "
+        "cpu_devices; default: one per CPU core); a node with GPUs offers its GPUs instead",
+    ),
+]
 
 
 def _configure_logging() -> None:
@@ -114,32 +178,23 @@ def _bootstrap_tokens(settings: Settings, *, with_worker: bool) -> tuple[str | N
         engine.dispose()
 
 
-def serve(
-    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
-    data_dir: DataDirOption = None,
-    database_url: DatabaseOption = None,
-    with_worker: Annotated[bool, typer.Option(help="also run a worker in this process")] = False,
-    demo: Annotated[
-        bool, typer.Option(help="on first start, submit the example and its rerun")
-    ] = True,
-) -> None:
-    """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
-    from service.api.header_deadline import header_deadline_protocol
-    from service.app import create_app
-    from service.auth.bootstrap import ADMIN_TOKEN_FILE
-    from service.cli.local import EXAMPLES
+def _prepare_database(*, settings: Settings) -> bool:
+    """Whether this is the first start, once the data directory and database are ready."""
     from service.persistence.file_modes import private_dir
     from service.persistence.migrate import upgrade
 
-    _configure_logging()
-    settings = _settings(data_dir, database_url, host=host, port=port)
     private_dir(settings.data_dir)  # database, artifacts and tokens: owner-only
     upgrade(settings.resolved_database_url)
-    first_start = _is_first_start(settings)
-    admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
-    app = create_app(settings)
+    return _is_first_start(settings)
+
+
+def _start_api(
+    *, app: FastAPI, settings: Settings, host: str, port: int
+) -> tuple[uvicorn.Server, threading.Thread]:
+    """The API server, started on its own thread, and that thread; exit 1 if it fails to start."""
     import uvicorn
+
+    from service.api.header_deadline import header_deadline_protocol
 
     config = uvicorn.Config(
         app,
@@ -158,7 +213,13 @@ def serve(
         if not server_thread.is_alive():
             raise typer.Exit(1)
         time.sleep(0.05)
-    api = f"http://{host}:{port}"
+    return server, server_thread
+
+
+def _announce(*, app: FastAPI, api: str, settings: Settings, admin_token: str | None) -> None:
+    """Tell the operator where the API is and how to log in."""
+    from service.auth.bootstrap import ADMIN_TOKEN_FILE
+
     err.print(f"Reprotrain API on {api}  (docs: {api}/docs, data: {settings.data_dir})")
     if admin_token:
         where = settings.data_dir / ADMIN_TOKEN_FILE  # never print any of the secret itself
@@ -169,29 +230,40 @@ def serve(
         link = issue_login_url(app, api, admin_token)
         err.print(f"dashboard: {link}  (one-time login link)", soft_wrap=True, highlight=False)
 
-    agent, agent_thread = None, None
-    if with_worker:
-        from worker.node.agent import Agent
-        from worker.node.client import ApiClient
 
-        agent = Agent(
-            ApiClient(api, worker_token), name="local", work_dir=settings.data_dir / "worker"
-        )
-        agent_thread = threading.Thread(target=agent.run, name="worker", daemon=True)
-        agent_thread.start()
-    example = EXAMPLES / "seed001.yaml"
-    if demo and first_start and with_worker and admin_token and example.exists():
-        threading.Thread(
-            target=_demo, args=(api, admin_token, example), name="demo", daemon=True
-        ).start()
+def _start_local_worker(
+    *, api: str, token: str | None, settings: Settings
+) -> tuple[Agent, threading.Thread]:
+    """The in-process worker agent, started on its own thread, and that thread."""
+    from worker.node.agent import Agent
+    from worker.node.client import ApiClient
 
+    agent = Agent(ApiClient(api, token), name="local", work_dir=settings.data_dir / "worker")
+    agent_thread = threading.Thread(target=agent.run, name="worker", daemon=True)
+    agent_thread.start()
+    return agent, agent_thread
+
+
+def _wait_for_signal(*, server_thread: threading.Thread) -> None:
+    """Wait for SIGINT or SIGTERM, or for the API server to stop."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.is_set() and server_thread.is_alive():
         stop.wait(0.5)
+
+
+def _stop(
+    *,
+    app: FastAPI,
+    server: uvicorn.Server,
+    server_thread: threading.Thread,
+    local_worker: tuple[Agent, threading.Thread] | None,
+) -> None:
+    """Stop the local worker first, then the API."""
     err.print("stopping…")
-    if agent is not None and agent_thread is not None:
+    if local_worker is not None:
+        agent, agent_thread = local_worker
         agent.request_stop()  # the job checkpoints and is released while the API is still up
         agent_thread.join(timeout=120)
     app.state.queue_bell.close()  # waiting claims answer now rather than hold up the shutdown
@@ -199,75 +271,54 @@ def serve(
     server_thread.join(timeout=30)
 
 
-def worker(
-    api: ApiOption = DEFAULT_API,
-    token: TokenOption = None,
-    name: Annotated[str | None, typer.Option(help="worker name shown in the API")] = None,
-    work_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="where jobs write their files and results wait until the API takes them; "
-            "keep it across restarts [default: $XDG_STATE_HOME/reprotrain/worker]"
-        ),
-    ] = None,
-    max_jobs: Annotated[int | None, typer.Option(help="exit after this many jobs")] = None,
-    poll: Annotated[
-        float, typer.Option(help="seconds between claims when the API answers them at once")
-    ] = 1.0,
-    claim_wait: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            max=30,
-            help="seconds each claim waits on the API for a run (long poll; 0: poll instead)",
-        ),
-    ] = 20.0,
-    executor: Annotated[
-        WorkerExecutor,
-        typer.Option(help="how each job runs: a fresh process here, or a fresh container"),
-    ] = WorkerExecutor.process,
-    image: Annotated[
-        list[str] | None,
-        typer.Option(help="an image this worker runs (repeatable); runs pinning it come here"),
-    ] = None,
-    memory: Annotated[
-        str | None, typer.Option(help="docker: memory limit of each job container (e.g. 8g)")
-    ] = None,
-    cpus: Annotated[
-        float | None, typer.Option(min=0.01, help="docker: CPUs each job container may use")
-    ] = None,
-    pids: Annotated[
-        int, typer.Option(min=16, help="docker: most processes and threads in a job container")
-    ] = 1024,
-    deadline: Annotated[
-        float | None,
-        typer.Option(min=1, help="docker: seconds a job may run before it is stopped and fails"),
-    ] = None,
-    allow_tag: Annotated[
-        bool,
-        typer.Option(help="docker: also run runs that pin an image by tag, without a digest"),
-    ] = False,
-    cpu_replicas: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            max=1024,
-            envvar="REPRO_WORKER_CPU_REPLICAS",
-            help="on a node without GPUs: logical CPU devices a job may split the CPU into, so "
-            "runs asking for up to this many replicas come here (advertised to the API as "
-            "cpu_devices; default: one per CPU core); a node with GPUs offers its GPUs instead",
-        ),
-    ] = None,
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    data_dir: DataDirOption = None,
+    database_url: DatabaseOption = None,
+    with_worker: Annotated[bool, typer.Option(help="also run a worker in this process")] = False,
+    demo: Annotated[
+        bool, typer.Option(help="on first start, submit the example and its rerun")
+    ] = True,
 ) -> None:
-    """Run a worker agent: claim runs, train each in a fresh process or container, report."""
-    from worker.node.agent import WorkDirBusy, run_agent
-    from worker.node.executors import ExecutorUnavailable
+    """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
+    from service.app import create_app
+    from service.cli.local import EXAMPLES
 
     _configure_logging()
-    executor_options: dict[str, Any] = {}
+    settings = _settings(data_dir, database_url, host=host, port=port)
+    first_start = _prepare_database(settings=settings)
+    admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
+    app = create_app(settings)
+    server, server_thread = _start_api(app=app, settings=settings, host=host, port=port)
+    api = f"http://{host}:{port}"
+    _announce(app=app, api=api, settings=settings, admin_token=admin_token)
+    local_worker = None
+    if with_worker:
+        local_worker = _start_local_worker(api=api, token=worker_token, settings=settings)
+    example = EXAMPLES / "seed001.yaml"
+    if demo and first_start and with_worker and admin_token and example.exists():
+        threading.Thread(
+            target=_demo, args=(api, admin_token, example), name="demo", daemon=True
+        ).start()
+    _wait_for_signal(server_thread=server_thread)
+    _stop(app=app, server=server, server_thread=server_thread, local_worker=local_worker)
+
+
+def _executor_setup(
+    *,
+    executor: WorkerExecutor,
+    image: list[str] | None,
+    memory: str | None,
+    cpus: float | None,
+    pids: int,
+    deadline: float | None,
+    allow_tag: bool,
+) -> tuple[dict[str, Any], list[str]]:
+    """The executor's options and the images the worker advertises; exit 2 on a misfit option."""
     if executor is WorkerExecutor.docker:
         # The executor resolves each --image to its image ID and advertises that.
-        executor_options = {
+        options = {
             "images": image or [],
             "memory": memory,
             "cpus": cpus,
@@ -275,10 +326,44 @@ def worker(
             "deadline": deadline,
             "allow_tag": allow_tag,
         }
-        image = None
-    elif memory or cpus or deadline or allow_tag:
+        return options, []
+    if memory or cpus or deadline or allow_tag:
         err.print("[red]--memory, --cpus, --deadline and --allow-tag need --executor docker[/red]")
         raise typer.Exit(2)
+    return {}, image or []
+
+
+def worker(
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    name: WorkerNameOption = None,
+    work_dir: WorkDirOption = None,
+    max_jobs: MaxJobsOption = None,
+    poll: PollOption = 1.0,
+    claim_wait: ClaimWaitOption = 20.0,
+    executor: ExecutorOption = WorkerExecutor.process,
+    image: ImageOption = None,
+    memory: MemoryOption = None,
+    cpus: CpusOption = None,
+    pids: PidsOption = 1024,
+    deadline: DeadlineOption = None,
+    allow_tag: AllowTagOption = False,
+    cpu_replicas: CpuReplicasOption = None,
+) -> None:
+    """Run a worker agent: claim runs, train each in a fresh process or container, report."""
+    from worker.node.agent import WorkDirBusy, run_agent
+    from worker.node.executors import ExecutorUnavailable
+
+    _configure_logging()
+    executor_options, images = _executor_setup(
+        executor=executor,
+        image=image,
+        memory=memory,
+        cpus=cpus,
+        pids=pids,
+        deadline=deadline,
+        allow_tag=allow_tag,
+    )
     try:
         run_agent(
             api,
@@ -290,7 +375,7 @@ def worker(
             poll_interval=poll,
             claim_wait=claim_wait,
             max_jobs=max_jobs,
-            images=image or [],
+            images=images,
             cpu_replicas=cpu_replicas,
         )
     except (ExecutorUnavailable, WorkDirBusy) as exc:

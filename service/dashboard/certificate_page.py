@@ -11,7 +11,7 @@ from sqlalchemy import select
 from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import provenance_view, run_rows
 from service.dashboard.experiment_page import family_view, spec_yaml
-from service.dashboard.web import PageRoute, ViewerDep, render, svg
+from service.dashboard.web import PageRoute, ViewerDep, render
 from service.persistence.models import Run, Verdict, utcnow
 from service.runs import experiments as svc
 
@@ -31,8 +31,6 @@ def certificate(
     """The run's reproducibility certificate."""
     run = svc.get_run(db, run_id)
     [row] = run_rows.rows_of(db, [(run, run.experiment)])
-    reference = provenance_view.reference_id(db, run)
-    trace = provenance_view.fingerprints_of(db, run.id)
     family = db.scalars(
         select(Run)
         .where(Run.family_id == (run.family_id or run.id), Run.kind == "train")
@@ -51,15 +49,8 @@ def certificate(
         },
         run=run,
         row=row,
-        reference=reference,
         verdict=verdict,
-        trace=provenance_view.marked_trace(
-            trace, provenance_view.fingerprints_of(db, reference) if reference else None
-        ),
-        groups=provenance_view.groups(run.provenance),
-        ledger=provenance_view.seed_ledger(run),
-        hazards=provenance_view.hazards(run),
-        curves=[svg(c) for c in provenance_view.curves(run.metrics)],
+        **provenance_view.provenance_context(db=db, run=run),
         spec_text=spec_yaml(run.experiment.spec),
         family=family_rows,
         tree=family_view(db, family)["tree"],

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.dashboard import charts
+from service.dashboard.web import svg
 from service.persistence.models import Run, TracePointRow, Verdict
 from service.verification.verdicts import family_references
 
@@ -171,3 +172,17 @@ def curves(metrics: Sequence[Mapping[str, Any]] | None) -> list[str]:
         for name in names
     ]
     return [c for c in charts_ if c]
+
+
+def provenance_context(*, db: Session, run: Run) -> dict[str, Any]:
+    """The template context of a run's provenance, shared by the run page and certificate."""
+    reference = reference_id(db, run)
+    trace = fingerprints_of(db, run.id)
+    return {
+        "reference": reference,
+        "trace": marked_trace(trace, fingerprints_of(db, reference) if reference else None),
+        "groups": groups(run.provenance),
+        "ledger": seed_ledger(run),
+        "hazards": hazards(run),
+        "curves": [svg(c) for c in curves(run.metrics)],
+    }

@@ -55,8 +55,7 @@ def run_page(
     """Everything recorded about one run."""
     live = live_context(db, run_id)
     run = live["run"]
-    reference = provenance_view.reference_id(db, run)
-    trace = provenance_view.fingerprints_of(db, run.id)
+    provenance = provenance_view.provenance_context(db=db, run=run)
     verdict = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
     worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
     files = db.scalars(
@@ -67,15 +66,8 @@ def run_page(
         "run.html",
         viewer,
         **live,
+        **provenance,
         worker=worker,
-        reference=reference,
-        trace=provenance_view.marked_trace(
-            trace, provenance_view.fingerprints_of(db, reference) if reference else None
-        ),
-        groups=provenance_view.groups(run.provenance),
-        ledger=provenance_view.seed_ledger(run),
-        hazards=provenance_view.hazards(run),
-        curves=[svg(c) for c in provenance_view.curves(run.metrics)],
         verdict=verdict,
         files=files,
         max_copies=MAX_AUDIT_COPIES,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from service.runs.experiments import get_run, reported_image
 from service.schemas import ComparisonReport
 from service.storage import artifacts
 from worker import errors as worker_errors
-from worker.compare.verdict import RunRecord, build_report
+from worker.compare.verdict import CheckpointReader, RunRecord, build_report
 from worker.record.checkpoint import read_arrays
 from worker.record.trace import TracePoint
 
@@ -57,6 +57,74 @@ def _worker_facts(db: Session, run: Run) -> dict[str, Any]:
     return {"worker": {"name": worker.name, "hostname": worker.hostname, "gpu": worker.gpu}}
 
 
+def _trace_of(*, db: Session, run_id: int) -> list[TracePoint]:
+    """The run's trace points in order, without their per-variable digests."""
+    rows = db.execute(
+        select(
+            TracePointRow.kind, TracePointRow.epoch, TracePointRow.step, TracePointRow.fingerprint
+        )
+        .where(TracePointRow.run_id == run_id)
+        .order_by(TracePointRow.seq)
+    )
+    return [
+        TracePoint.model_construct(kind=k, epoch=e, step=s, fingerprint=f, variables={})
+        for k, e, s, f in rows
+    ]
+
+
+def _variables_loader(*, db: Session, run_id: int) -> Callable[[TracePoint], Mapping[str, str]]:
+    """A loader of one trace point's per-variable digests (empty if it has none)."""
+
+    def variables_at(point: TracePoint) -> Mapping[str, str]:
+        found = db.scalar(
+            select(TracePointRow.variables).where(
+                TracePointRow.run_id == run_id,
+                TracePointRow.kind == point.kind,
+                TracePointRow.epoch == point.epoch,
+                TracePointRow.step == point.step,
+            )
+        )
+        return found or {}
+
+    return variables_at
+
+
+def _checkpoint_reader(
+    *,
+    db: Session,
+    run_id: int,
+    checkpoints: Mapping[int, tuple[Artifact, Artifact]],
+    limit: int,
+    strict: bool,
+) -> CheckpointReader:
+    """A reader of the asked-for arrays of one of the run's checkpoints, within `limit` bytes."""
+
+    def read_checkpoint(epoch: int, paths: Sequence[str]) -> Mapping[str, np.ndarray]:
+        npz, _ = checkpoints[epoch]
+        # The checkpoint holds the state of the trace point at the end of its epoch, in
+        # that point's variable order; its own (worker-written) manifest is not needed.
+        order = db.scalar(
+            select(TracePointRow.variables).where(
+                TracePointRow.run_id == run_id,
+                TracePointRow.kind == "epoch",
+                TracePointRow.epoch == epoch,
+            )
+        )
+        if not order:
+            raise worker_errors.CheckpointError(
+                f"run {run_id} has no trace point for epoch {epoch}"
+            )
+        try:
+            return read_arrays(artifacts.local_path(npz), list(order), paths, max_bytes=limit)
+        except worker_errors.CheckpointRefused as exc:
+            message = f"run {run_id}, checkpoint of epoch {epoch}: {exc}"
+            if strict:
+                raise worker_errors.CheckpointRefused(message) from exc
+            raise worker_errors.CheckpointError(f"refused ({message})") from exc
+
+    return read_checkpoint
+
+
 def record_of(
     db: Session,
     run: Run,
@@ -77,54 +145,8 @@ def record_of(
         if max_checkpoint_bytes is None
         else max_checkpoint_bytes
     )
-    rows = db.execute(
-        select(
-            TracePointRow.kind, TracePointRow.epoch, TracePointRow.step, TracePointRow.fingerprint
-        )
-        .where(TracePointRow.run_id == run.id)
-        .order_by(TracePointRow.seq)
-    )
-    trace = [
-        TracePoint.model_construct(kind=k, epoch=e, step=s, fingerprint=f, variables={})
-        for k, e, s, f in rows
-    ]
-
-    def variables_at(point: TracePoint) -> Mapping[str, str]:
-        found = db.scalar(
-            select(TracePointRow.variables).where(
-                TracePointRow.run_id == run.id,
-                TracePointRow.kind == point.kind,
-                TracePointRow.epoch == point.epoch,
-                TracePointRow.step == point.step,
-            )
-        )
-        return found or {}
-
+    trace = _trace_of(db=db, run_id=run.id)
     checkpoints = checkpoints_of(db, run.id)
-
-    def read_checkpoint(epoch: int, paths: Sequence[str]) -> Mapping[str, np.ndarray]:
-        npz, _ = checkpoints[epoch]
-        # The checkpoint holds the state of the trace point at the end of its epoch, in
-        # that point's variable order; its own (worker-written) manifest is not needed.
-        order = db.scalar(
-            select(TracePointRow.variables).where(
-                TracePointRow.run_id == run.id,
-                TracePointRow.kind == "epoch",
-                TracePointRow.epoch == epoch,
-            )
-        )
-        if not order:
-            raise worker_errors.CheckpointError(
-                f"run {run.id} has no trace point for epoch {epoch}"
-            )
-        try:
-            return read_arrays(artifacts.local_path(npz), list(order), paths, max_bytes=limit)
-        except worker_errors.CheckpointRefused as exc:
-            message = f"run {run.id}, checkpoint of epoch {epoch}: {exc}"
-            if strict:
-                raise worker_errors.CheckpointRefused(message) from exc
-            raise worker_errors.CheckpointError(f"refused ({message})") from exc
-
     summary = run.result_summary or {}
     return RunRecord(
         label=label or f"run {run.id}",
@@ -136,9 +158,11 @@ def record_of(
         data={int(d["epoch"]): d["fingerprint"] for d in run.data_fingerprints or []},
         provenance={**(run.provenance or {}), **_worker_facts(db, run)},
         warnings=list(summary.get("warnings") or []),
-        variables_at=variables_at,
+        variables_at=_variables_loader(db=db, run_id=run.id),
         checkpoint_epochs=sorted(checkpoints),
-        read_checkpoint=read_checkpoint,
+        read_checkpoint=_checkpoint_reader(
+            db=db, run_id=run.id, checkpoints=checkpoints, limit=limit, strict=strict
+        ),
         spec=run.experiment.spec,
     )
 
