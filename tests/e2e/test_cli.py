@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cli import repro
+from tests.cli_runner import repro
 from tests.integration.jobs import REPO, blobs_spec, write_spec
 from worker.record.fingerprint import combine
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.cli import repro
+from tests.cli_runner import repro
 from tests.integration.jobs import write_spec
 from worker.data.dataset_format import file_digest
 

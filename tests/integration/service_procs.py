@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from tests.cli_runner import repro_command
 from tests.integration.jobs import job_env
 
 
@@ -22,10 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "service.cli", *args]
 
 
 class Service:
@@ -53,7 +50,7 @@ class Service:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            _cli(*args),
+            repro_command(*args),
             env={**job_env(), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -138,7 +135,7 @@ class Service:
 
 
 class WorkerProc:
-    """`repro worker` in its own process."""
+    """`repro worker` in its own process; `extra` goes after the usual options (an executor)."""
 
     def __init__(
         self,
@@ -148,12 +145,14 @@ class WorkerProc:
         token: str,
         name: str = "w",
         env: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
+        self.token = token  # to start the same worker again
         work_dir.mkdir(parents=True, exist_ok=True)
         self.log = work_dir / "agent.log"
         self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            _cli(
+            repro_command(
                 "worker",
                 "--api",
                 api,
@@ -165,12 +164,29 @@ class WorkerProc:
                 str(work_dir),
                 "--poll",
                 "0.2",
+                *extra,
             ),
             env={**job_env(), **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
         )
+
+    def worker_id(self, timeout: float = 60) -> int:
+        """The id the API gave this agent, once it has registered."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r"registered as worker (\d+)", self.log.read_text())
+            if found:
+                return int(found.group(1))
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.1)
+        raise TimeoutError(self.log.read_text())
+
+    def signal(self, sig: int, timeout: float = 90) -> None:
+        """Sends `sig` and waits for the exit: a SIGTERM mid-job first checkpoints and releases."""
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)

@@ -9,7 +9,6 @@ import io
 import json
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.integration.jobs import job_env
+from tests.cli_runner import repro
 from tests.integration.service_procs import Service
 
 MAX_DATASET_BYTES = 256 * 1024  # small, so the too-large case is cheap
@@ -225,13 +224,8 @@ def test_a_digest_that_does_not_match_the_bytes_stores_nothing(service: Service)
 
 
 def _repro(service: Service, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args, "--api", service.url],
-        env={**job_env(), "REPRO_TOKEN": service.admin_token},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """`repro ARGS` against `service`, as its admin (the token from the environment)."""
+    return repro(*args, "--api", service.url, env={"REPRO_TOKEN": service.admin_token}, timeout=120)
 
 
 @pytest.mark.parametrize("service", ["sqlite"], indirect=True)

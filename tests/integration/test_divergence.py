@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ from typing import Any
 import pytest
 
 from service.cli.local import verdict
+from tests.cli_runner import repro
 from tests.integration.jobs import blobs_spec, job_env, run_job
 from tests.integration.service_procs import Service, running
 
@@ -114,17 +113,6 @@ def test_different_thread_settings_show_exactly_those_fields(
     assert "TF_NUM_INTEROP_THREADS" in report["explanation"]
 
 
-def _repro(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def _wait(svc: Service, path: str, done: Any, timeout: float = 300) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -175,16 +163,15 @@ def test_service_diagnoses_refines_to_the_step_and_audits(
         assert {k: v for k, v in asked.items() if k not in ("a", "b")} == {
             k: v for k, v in stored.items() if k not in ("a", "b")
         }
-        cli_env = {**job_env(plugin_paths)}
         api = ("--api", svc.url, "--token", svc.admin_token)
-        shown = _repro("compare", str(first), str(rerun), *api, env=cli_env)
+        shown = repro("compare", str(first), str(rerun), *api, env=paths)
         assert shown.returncode == 1, shown.stderr
         assert shown.stdout.startswith("diverged at end of epoch 2")
         assert "max ULP" in shown.stdout and f"environment.{PERTURB}" in shown.stdout
 
         # Refinement: each side re-traced step by step on its own worker from epoch 1.
         workers.append(svc.worker(tmp_path / "steady", env=paths))
-        done = _repro("compare", str(first), str(rerun), "--refine", "--json", *api, env=cli_env)
+        done = repro("compare", str(first), str(rerun), "--refine", "--json", *api, env=paths)
         assert done.returncode == 1, done.stderr
         refined = json.loads(done.stdout)["refinement"]
         assert refined["status"] == "finished", refined
@@ -204,9 +191,7 @@ def test_service_diagnoses_refines_to_the_step_and_audits(
         # An audit of 3 copies of a deterministic spec, spread over both live workers.
         spec_file = tmp_path / "blobs.json"
         spec_file.write_text(json.dumps(blobs_spec()))
-        done = _repro(
-            "submit", str(spec_file), "--copies", "3", "--wait", "--json", *api, env=cli_env
-        )
+        done = repro("submit", str(spec_file), "--copies", "3", "--wait", "--json", *api, env=paths)
         assert done.returncode == 0, done.stderr
         audit_id = json.loads(done.stdout)["id"]
         audit = svc.client.get(f"/api/v1/repro-audits/{audit_id}").json()
@@ -215,5 +200,5 @@ def test_service_diagnoses_refines_to_the_step_and_audits(
         assert len(audit["copies"]) == 3 and audit["distinct_workers"] == 2
         assert [c["verdict"] for c in audit["copies"]] == [None, "identical", "identical"]
         assert audit["summary"].startswith("all 3 copies identical on 2 workers")
-        shown = _repro("audit-copies", str(audit_id), *api, env=cli_env)
+        shown = repro("audit-copies", str(audit_id), *api, env=paths)
         assert shown.returncode == 0 and "all 3 copies identical" in shown.stdout

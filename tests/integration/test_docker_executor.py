@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 import yaml
 
 from tests.integration.jobs import job_env, job_request
-from tests.integration.service_procs import Service, _cli
+from tests.integration.service_procs import Service, WorkerProc
 
 docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
 
@@ -115,55 +114,16 @@ def service(tmp_path_factory: pytest.TempPathFactory, image_id: str) -> Iterator
         svc.stop()
 
 
-class Agent:
-    """`repro worker` in its own process, with the executor and options given."""
-
-    def __init__(
-        self, service: Service, work_dir: Path, *options: str, token: str | None = None
-    ) -> None:
-        work_dir.mkdir(parents=True, exist_ok=True)
-        self.log = work_dir / f"agent-{time.monotonic_ns()}.log"
-        self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
-        name = f"{work_dir.parent.name}-{work_dir.name}"  # worker names are unique
-        self.token = token or service.token("worker", name)
-        args = ["--api", service.url, "--token", self.token]
-        args += ["--name", name, "--work-dir", str(work_dir), "--poll", "0.2"]
-        self.proc = subprocess.Popen(
-            _cli("worker", *args, *options),
-            env=job_env(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def worker_id(self, timeout: float = 60) -> int:
-        """The id the API gave this agent (once it has registered)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(r"registered as worker (\d+)", self.log.read_text())
-            if found:
-                return int(found.group(1))
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.1)
-        raise TimeoutError(self.log.read_text())
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-        self.proc.wait(timeout=90)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
-def docker_agent(service: Service, work_dir: Path, token: str | None = None) -> Agent:
-    options = ("--executor", "docker", "--image", IMAGE, "--memory", MEMORY)
-    return Agent(service, work_dir, *options, token=token)
+def docker_agent(service: Service, work_dir: Path, token: str | None = None) -> WorkerProc:
+    """An agent running each job in a container of IMAGE; a new worker unless `token` is given."""
+    name = f"{work_dir.parent.name}-{work_dir.name}"  # unique across this module's tests
+    return WorkerProc(
+        service.url,
+        work_dir,
+        token=token or service.token("worker", name),
+        name=name,
+        extra=("--executor", "docker", "--image", IMAGE, "--memory", MEMORY),
+    )
 
 
 def pinned(spec: str, image: str) -> str:
@@ -196,7 +156,7 @@ def test_container_job_equals_process_job_and_its_image_is_provenance(
 ) -> None:
     # Cross-executor reproducibility: the same spec in a fresh process and in a container.
     process_agent = service.worker(tmp_path / "process")
-    container_agent: Agent | None = None
+    container_agent: WorkerProc | None = None
     try:
         by_process = service.wait_run(submit(service, SMALL))
         assert by_process["status"] == "succeeded", by_process["error"]
@@ -251,7 +211,7 @@ def test_sigterm_checkpoints_releases_and_another_worker_resumes_identically(
     service: Service, engine: Any, image_id: str, tmp_path: Path
 ) -> None:
     first = docker_agent(service, tmp_path / "first")
-    later: Agent | None = None
+    later: WorkerProc | None = None
     try:
         run_id = submit(service, pinned(LONGER, image_id))
         wait_for(service, run_id, lambda r: (r["checkpoint_epoch"] or 0) >= 1)

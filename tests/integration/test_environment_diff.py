@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -15,7 +13,8 @@ import pytest
 from psycopg import sql
 
 from service.cli.local import verdict
-from tests.integration.jobs import blobs_spec, job_env, run_job
+from tests.cli_runner import repro
+from tests.integration.jobs import blobs_spec, run_job
 from tests.integration.service_procs import Service, running
 from worker.record.environment_capture import KEY_FILE, key_id
 
@@ -82,14 +81,7 @@ def test_server_compare_names_the_variable_and_stores_no_value(
         asked = svc.client.get("/api/v1/compare", params={"a": first, "b": rerun})
         assert _environment_entries(asked.json()) == entries
         api = ("--api", svc.url, "--token", svc.admin_token)
-        shown = subprocess.run(
-            [sys.executable, "-m", "service.cli", "compare", str(first), str(rerun), *api],
-            env=job_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        shown = repro("compare", str(first), str(rerun), *api, timeout=120)
         assert shown.returncode == 0, shown.stderr
         assert "environment.MYLIB_FAST_MATH" in shown.stdout
 

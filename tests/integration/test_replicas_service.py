@@ -11,14 +11,13 @@ differences.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cli_runner import repro
 from tests.integration.jobs import blobs_spec, job_env, run_job
 from tests.integration.service_procs import Service, running
 
@@ -153,17 +152,6 @@ def test_worker_killed_mid_epoch_resumes_from_its_step_checkpoint_on_another(
     assert done["data_fingerprints"] == [d.model_dump() for d in reference.result.data_fingerprints]
 
 
-def _repro_compare(svc: Service, a: int, b: int, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", "compare", str(a), str(b), *flags],
-        env={**job_env(), "REPRO_API_URL": svc.url, "REPRO_TOKEN": svc.admin_token},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_compare_of_one_and_two_replicas_reports_the_spec_diff_data_and_sizes(
     tmp_path: Path,
 ) -> None:
@@ -177,8 +165,11 @@ def test_compare_of_one_and_two_replicas_reports_the_spec_diff_data_and_sizes(
         runs = [svc.wait_run(i) for i in ids]
         assert [r["status"] for r in runs] == ["succeeded", "succeeded"], [r["error"] for r in runs]
         report = svc.client.get("/api/v1/compare", params={"a": ids[0], "b": ids[1]}).json()
-        cli = _repro_compare(svc, *ids, "--json")
-        text = _repro_compare(svc, *ids)
+        # The API and its token from the environment, not from options.
+        admin = {"REPRO_API_URL": svc.url, "REPRO_TOKEN": svc.admin_token}
+        pair = [str(i) for i in ids]
+        cli = repro("compare", *pair, "--json", env=admin, timeout=120)
+        text = repro("compare", *pair, env=admin, timeout=120)
 
     assert report["spec_diff"] == [{"path": "distribution.replicas", "a": 1, "b": 2}]
     # Batch b of epoch e holds the same rows whatever the replica count.

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.jobs import REPO, job_env
+from tests.cli_runner import repro
+from tests.integration.jobs import REPO
 from tests.integration.service_procs import Service
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
@@ -125,17 +124,11 @@ def test_a_cursor_this_server_did_not_issue_is_refused_with_422(service: Service
 
 def test_repro_status_follows_cursors_past_one_page(service: Service) -> None:
     ids = _submit(service, 9)
-    env = {**job_env(), "REPRO_TOKEN": service.admin_token}
+    env = {"REPRO_TOKEN": service.admin_token}
 
     def listing(limit: int) -> dict[str, Any]:
         args = ["status", "--api", service.url, "--json", "--limit", str(limit)]
-        done = subprocess.run(
-            [sys.executable, "-m", "service.cli", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = repro(*args, env=env, timeout=120)
         assert done.returncode == 0, done.stderr
         listed: dict[str, Any] = json.loads(done.stdout)
         return listed

@@ -4,13 +4,12 @@ comparison of the two runs blames the data, not the runtime."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from tests.integration.jobs import blobs_spec, job_env, run_job, write_spec
+from tests.cli_runner import repro
+from tests.integration.jobs import blobs_spec, run_job, write_spec
 from worker.compare.verdict import build_report, describe, record_from_result
 from worker.data.generators import gaussian_blobs
 from worker.data.stateless_dataset import StatelessRngDataset
@@ -46,18 +45,15 @@ def test_validate_warns_that_xla_changes_the_data(tmp_path: Path) -> None:
     spec = blobs_spec()
     spec["dataset"] = {**spec["dataset"], "xla": True}
     path = write_spec(spec, tmp_path, "xla.json")
-    command = [sys.executable, "-m", "service.cli", "validate", str(path)]
-    run = dict(env=job_env(), capture_output=True, text=True, timeout=120, check=False)
-    human = subprocess.run(command, **run)  # type: ignore[call-overload]
+    human = repro("validate", str(path), timeout=120)
     assert human.returncode == 0, human.stderr
     shown = " ".join(human.stderr.split())  # the terminal may wrap the warning
     assert "warning: dataset.xla is true" in shown and "every batch differs" in shown
-    as_json = subprocess.run([*command, "--json"], **run)  # type: ignore[call-overload]
+    as_json = repro("validate", str(path), "--json", timeout=120)
     warnings = json.loads(as_json.stdout)["warnings"]
     assert len(warnings) == 1 and "stateless random ops" in warnings[0]
-    plain = subprocess.run(  # type: ignore[call-overload]
-        [*command[:-1], str(write_spec(blobs_spec(), tmp_path, "plain.json")), "--json"], **run
-    )
+    plain_path = write_spec(blobs_spec(), tmp_path, "plain.json")
+    plain = repro("validate", str(plain_path), "--json", timeout=120)
     assert json.loads(plain.stdout)["warnings"] == []
 
 
