@@ -25,17 +25,20 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from worker.errors import SpecError
 from worker.models.model_size import check_parameter_limit
 from worker.record.environment_capture import EXPORT_MODEL_ENV
 from worker.result import DataFingerprint, JobError, JobResult, write_result
 from worker.spec import ExperimentSpec, load_spec
+from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
 from worker.training.seeds import resolve_seed
+
+if TYPE_CHECKING:  # the loop imports TensorFlow, which a job loads only once its spec is checked
+    from worker.training.loop import TrainingOutcome
 
 _REEXEC_MARK = "REPRO_JOB_REEXEC"
 _STARTED = time.monotonic()
@@ -191,18 +194,10 @@ class StopRequest:
 def run_job(
     spec: ExperimentSpec,
     *,
-    checkpoint_dir: Path | None,
-    resume: bool,
+    options: TrainingOptions,
     reporter: ProgressReporter,
-    stop_requested: Callable[[int], bool] = lambda epoch: False,
-    max_model_parameters: int | None = None,
-    trace_every_steps: int | None = None,
-    until_epoch: int | None = None,
     dataset_file: Path | None = None,
     export_model: Path | None = None,
-    allow_logical_devices: bool = True,
-    steps_per_call: int | None = None,
-    classic_loop: bool = False,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -218,13 +213,13 @@ def run_job(
         from worker.models import registry
 
         registry.check_spec(resolved)
-        if max_model_parameters is not None:
+        if options.max_model_parameters is not None:
             # A built-in model's size is arithmetic on the spec: refuse an oversized one
             # before TensorFlow is even imported, let alone a weight allocated.
             parameters = registry.parameter_count(resolved)
             if parameters is not None:
                 check_parameter_limit(
-                    parameters, max_model_parameters, how="computed from the spec"
+                    parameters, options.max_model_parameters, how="computed from the spec"
                 )
         arrays, dataset_record = _open_dataset(resolved, dataset_file)
 
@@ -233,45 +228,14 @@ def run_job(
 
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         startup = time.monotonic() - _STARTED
-        outcome = run_training(
-            resolved,
-            seed=seed,
-            checkpoint_dir=checkpoint_dir,
-            resume=resume,
-            reporter=reporter,
-            stop_requested=stop_requested,
-            max_model_parameters=max_model_parameters,
-            trace_every_steps=trace_every_steps,
-            until_epoch=until_epoch,
-            data=arrays,
-            allow_logical_devices=allow_logical_devices,
-            steps_per_call=steps_per_call,
-            classic=classic_loop,
-        )
+        outcome = run_training(resolved, seed=seed, reporter=reporter, options=options, data=arrays)
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
         )
         if dataset_record is not None:
             result.provenance["dataset"] = dataset_record
-        every = trace_every_steps or resolved.training.fingerprint_every_steps
+        _record_outcome(result, outcome, spec=resolved, options=options, startup=startup)
         interrupted = outcome.interrupted_after_epoch
-        result.determinism = outcome.determinism
-        result.metrics = outcome.metrics
-        result.trace = outcome.trace
-        result.trace_granularity = f"steps:{every}" if every else "epoch"
-        result.final_fingerprint = None if interrupted else outcome.trace[-1].fingerprint
-        result.data_fingerprints = [DataFingerprint(**d) for d in outcome.data_fingerprints]
-        result.eval_data_fingerprint = outcome.eval_data_fingerprint
-        if checkpoint_dir is not None:
-            result.checkpoints = [str(checkpoint_dir / c) for c in outcome.checkpoints]
-        result.resumed_from_epoch = outcome.resumed_from_epoch
-        result.resumed_from_step = outcome.resumed_from_step
-        result.interrupted_after_epoch = interrupted
-        result.until_epoch = (
-            until_epoch if until_epoch and until_epoch < spec.training.epochs else None
-        )
-        result.warnings = outcome.warnings
-        result.timings = {"startup": round(startup, 6), **outcome.timings}
         if export_model is not None and not interrupted and outcome.model is not None:
             t_export = time.monotonic()
             export_model.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +245,35 @@ def run_job(
     except Exception as exc:  # the job's error goes into its result; the process survives
         _failure(exc, result)
     return result
+
+
+def _record_outcome(
+    result: JobResult,
+    outcome: TrainingOutcome,
+    *,
+    spec: ExperimentSpec,
+    options: TrainingOptions,
+    startup: float,
+) -> None:
+    """Copy what training found (trace, metrics, checkpoints, ...) into the result document."""
+    every = options.trace_every_steps or spec.training.fingerprint_every_steps
+    interrupted = outcome.interrupted_after_epoch
+    result.determinism = outcome.determinism
+    result.metrics = outcome.metrics
+    result.trace = outcome.trace
+    result.trace_granularity = f"steps:{every}" if every else "epoch"
+    result.final_fingerprint = None if interrupted else outcome.trace[-1].fingerprint
+    result.data_fingerprints = [DataFingerprint(**d) for d in outcome.data_fingerprints]
+    result.eval_data_fingerprint = outcome.eval_data_fingerprint
+    if options.checkpoint_dir is not None:
+        result.checkpoints = [str(options.checkpoint_dir / c) for c in outcome.checkpoints]
+    result.resumed_from_epoch = outcome.resumed_from_epoch
+    result.resumed_from_step = outcome.resumed_from_step
+    result.interrupted_after_epoch = interrupted
+    until_epoch = options.until_epoch
+    result.until_epoch = until_epoch if until_epoch and until_epoch < spec.training.epochs else None
+    result.warnings = outcome.warnings
+    result.timings = {"startup": round(startup, 6), **outcome.timings}
 
 
 def _exit_code(result: JobResult) -> int:
@@ -312,20 +305,23 @@ def main(argv: list[str] | None = None) -> int:
         _reexec_if_needed(spec, argv)
         stop = StopRequest(args.stop_after_epoch)
         stop.install()
-        result = run_job(
-            spec,
+        options = TrainingOptions(
             checkpoint_dir=args.checkpoint_dir,
             resume=args.resume,
-            reporter=reporter,
             stop_requested=stop,
             max_model_parameters=args.max_model_parameters,
             trace_every_steps=args.trace_every_steps,
             until_epoch=args.until_epoch,
-            dataset_file=args.dataset_file,
-            export_model=args.export_model,
             allow_logical_devices=not args.no_logical_devices,
             steps_per_call=args.steps_per_call,
-            classic_loop=args.classic_loop,
+            classic=args.classic_loop,
+        )
+        result = run_job(
+            spec,
+            options=options,
+            reporter=reporter,
+            dataset_file=args.dataset_file,
+            export_model=args.export_model,
         )
     write_result(result, args.out)
     reporter.emit(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
+from worker.data.stateless_dataset import StatelessRngDataset
 from worker.errors import CheckpointError, SpecError
 from worker.models import registry
 from worker.models.model_size import check_parameter_limit
@@ -21,6 +22,7 @@ from worker.record.trace import TracePoint
 from worker.spec import ExperimentSpec
 from worker.training import determinism
 from worker.training.job import Job
+from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
 from worker.training.replicas import place_replicas
 from worker.training.seeds import SeedTuple
@@ -54,45 +56,51 @@ def run_training(
     spec: ExperimentSpec,
     *,
     seed: SeedTuple,
-    checkpoint_dir: Path | None,
-    resume: bool,
     reporter: ProgressReporter,
-    stop_requested: Callable[[int], bool] = lambda epoch: False,
-    max_model_parameters: int | None = None,
-    trace_every_steps: int | None = None,
-    until_epoch: int | None = None,
+    options: TrainingOptions,
     data: dict[str, np.ndarray] | None = None,
-    allow_logical_devices: bool = True,
-    steps_per_call: int | None = None,
-    classic: bool = False,
 ) -> TrainingOutcome:
     """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
 
-    `stop_requested(epoch)` is asked after each epoch; when it says yes, training
-    checkpoints that epoch and returns early with `interrupted_after_epoch` set.
-    `trace_every_steps` overrides the spec's trace granularity and `until_epoch` ends
-    training after that epoch (as finished, not interrupted): together they re-trace one
-    stretch of a run step by step without changing its spec. If the model has a
-    `training_callbacks` list of Keras callbacks (an architecture may attach one), they
-    get `on_train_batch_end` after every step and `on_epoch_end` (Keras's 0-based epoch)
-    before the epoch's trace point, with `step` and `epoch` (1-based) in their logs.
-    `training.checkpoint_every_steps` adds step checkpoints, and resume takes the newest
-    checkpoint of either kind. `distribution.replicas` > 1 trains data-parallel
-    (`allow_logical_devices`: whether a GPU-less process may split its CPU into devices).
-    Up to `steps_per_call` (default 1) steps run per compiled call, never across a trace
-    point, step checkpoint or epoch end (one per call when the model has callbacks or the
-    data must be fingerprinted as it is consumed). `classic` runs the loop as it was before several
-    steps per call: one step per call, a dataset per epoch and TensorFlow reseeded every
-    epoch, whatever the steps draw (slower; the same bits, which a test checks). `data` is the
+    If the model has a `training_callbacks` list of Keras callbacks (an architecture may
+    attach one), they get `on_train_batch_end` after every step and `on_epoch_end` (Keras's
+    0-based epoch) before the epoch's trace point, with `step` and `epoch` (1-based) in their
+    logs. `training.checkpoint_every_steps` adds step checkpoints, and resume takes the newest
+    checkpoint of either kind. `distribution.replicas` > 1 trains data-parallel. `data` is the
     stored dataset's arrays (`dataset.data`), given to a generator factory that reads one.
     """
     t_start = time.monotonic()
+    job, record = _set_up(spec, seed=seed, options=options, data=data)
+    out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
+    training = _Training(
+        spec,
+        seed=seed,
+        job=job,
+        out=out,
+        reporter=reporter,
+        options=options,
+        setup_seconds=time.monotonic() - t_start,
+    )
+    training.resume()
+    training.train()
+    return training.finish()
+
+
+def _set_up(
+    spec: ExperimentSpec,
+    *,
+    seed: SeedTuple,
+    options: TrainingOptions,
+    data: dict[str, np.ndarray] | None,
+) -> tuple[Job, dict[str, Any]]:
+    """Place the replicas, apply determinism and build the job; (job, determinism record)."""
     replicas = spec.distribution.replicas
     if spec.dataset.batch_size < replicas:
         msg = f"batch_size {spec.dataset.batch_size} cannot be split over {replicas} replicas"
         raise SpecError(msg, errors=[{"loc": "distribution.replicas", "msg": msg}])
     # Logical devices must be declared before TensorFlow starts its devices.
-    placement = place_replicas(replicas, allow_logical_cpu=allow_logical_devices)
+    placement = place_replicas(replicas, allow_logical_cpu=options.allow_logical_devices)
+    max_model_parameters = options.max_model_parameters
     if max_model_parameters is not None:
         # Built-in sizes are arithmetic on the spec: refuse before TensorFlow allocates anything.
         parameters = registry.parameter_count(spec)
@@ -104,231 +112,324 @@ def run_training(
     if replicas > 1:  # a one-replica record stays as it always was
         record["distribution"] = placement.record()
     job = Job(spec, seed, max_model_parameters=max_model_parameters, data=data, placement=placement)
-    out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
-    timings = {
-        "setup": time.monotonic() - t_start,
-        "training": 0.0,
-        "fingerprinting": 0.0,
-        "checkpointing": 0.0,
-        "step_checkpointing": 0.0,  # the share of checkpointing spent on step checkpoints
-        "train_calls": 0,  # compiled calls that ran the optimizer steps
-    }
-    tr = spec.training
-    every = trace_every_steps or tr.fingerprint_every_steps
-    last_epoch = min(tr.epochs, until_epoch or tr.epochs)
-    callbacks = list(getattr(job.model, "training_callbacks", None) or [])
-    for callback in callbacks:
-        callback.set_model(job.model)
-    steps_per_epoch = spec.dataset.train_batches
-    spec_hash = spec.spec_hash()
-    first_epoch, first_batch, step = 1, 0, 0
-    step_every = tr.checkpoint_every_steps if checkpoint_dir is not None else None
-    resumed_meta: dict[str, Any] | None = None
-    # A stateless generator gives the same batches when an epoch is generated again, so its
-    # data fingerprints are computed after training. A generator with stateful RNG ops does
-    # not: its fingerprints are taken from the batches training actually consumed.
-    in_loop_data = bool(job.data.stateful_random_ops)
-    consumed: list[dict[str, Any]] = []
-    # TensorFlow's global seed restarts stateful random ops' sequences; each epoch sets it
-    # only if something could draw from them (it costs a re-optimisation of every step).
-    step_rng = [] if classic or job.data.stateful_random_ops else job.stateful_random_ops()
-    if step_rng:
-        out.warnings.append(
-            f"the model's training or evaluation step uses stateful RNG ops "
-            f"({', '.join(step_rng)}): their seeds are fixed when the step is compiled, so a "
-            "run resumed from a checkpoint draws other numbers than an uninterrupted one; "
-            "use keras.random with a SeedGenerator, or tf.random.stateless_*"
-        )
-    tf_rng = job.data.stateful_random_ops + step_rng
-    reseed_tf = classic or bool(tf_rng)
-    record["reseed_tensorflow"] = (
-        "every epoch" + (f" (stateful random ops: {', '.join(tf_rng)})" if tf_rng else "")
-        if reseed_tf
-        else "at start only: the compiled steps use no stateful random op"
-    )
+    return job, record
 
-    if resume and checkpoint_dir is not None:
-        ckpt, skipped = ckpt_io.load_latest(checkpoint_dir, spec_hash=spec_hash, replicas=replicas)
-        out.warnings += skipped
-        if ckpt is not None:
-            ckpt_io.restore(ckpt, job.state)
-            restored = fingerprint_state(job.state).fingerprint
-            if restored != ckpt.meta["fingerprint"]:
-                raise CheckpointError(
-                    f"{ckpt.path.name}: restored state has fingerprint "
-                    f"{restored}, expected {ckpt.meta['fingerprint']}"
-                )
-            step = ckpt.step
-            out.trace = [TracePoint.model_validate(p) for p in ckpt.meta["trace"]]
-            out.metrics = list(ckpt.meta["metrics"])
-            out.checkpoints = list(ckpt.meta["checkpoints"])
-            out.resumed_from_step = ckpt.step
-            consumed = list(ckpt.meta.get("consumed_data_fingerprints", []))
-            if ckpt.batch is None:
-                first_epoch = ckpt.epoch + 1
-                out.resumed_from_epoch = ckpt.epoch
-                reporter.emit("resumed", epoch=ckpt.epoch, step=step, kind="epoch")
-            else:  # mid-epoch: continue epoch `ckpt.epoch` at its next batch
-                first_epoch, first_batch, resumed_meta = ckpt.epoch, ckpt.batch, ckpt.meta
-                reporter.emit("resumed", epoch=ckpt.epoch, step=step, batch=ckpt.batch, kind="step")
-    if not out.trace:
-        out.trace.append(job.point("init", 0, 0))
 
-    def steps_to_boundary(step: int) -> int:
-        """Steps until the next trace point or step checkpoint (a call stops there)."""
-        return min([n - step % n for n in (every, step_every) if n] or [steps_per_epoch])
+class _Pipelines:
+    """Where each epoch's training batches, and the evaluation batches, come from."""
 
-    def checkpoint_meta(name: str, fingerprint: str) -> dict[str, Any]:
-        return {
-            "spec_hash": spec_hash,
-            "seed": list(seed),
-            "replicas": replicas,
-            "fingerprint": fingerprint,
-            "trace": [p.model_dump() for p in out.trace],
-            "metrics": out.metrics,
-            "checkpoints": [*out.checkpoints, name],
-            "consumed_data_fingerprints": consumed,
+    def __init__(self, job: Job, *, one_pipeline: bool, last_epoch: int) -> None:
+        self._data = job.data
+        self._one_pipeline = one_pipeline
+        self._last_epoch = last_epoch
+        self._run: Any = None
+        self._eval: tf.data.Dataset | None = None
+        if job.eval_data is not None and not job.eval_data.stateful_random_ops:
+            self._eval = job.eval_data.as_dataset()  # the same batches every epoch
+
+    def train(self, epoch: int, first_batch: int) -> Any:
+        """An iterator over epoch `epoch`'s batches from `first_batch` on."""
+        if not self._one_pipeline:
+            return iter(epoch_dataset(self._data, epoch, first_batch))
+        if self._run is None:
+            self._run = iter(self._data.epochs_dataset(epoch, self._last_epoch, first_batch))
+        return self._run
+
+    def evaluation(self, eval_data: StatelessRngDataset) -> tf.data.Dataset:
+        """The evaluation batches of this epoch."""
+        return self._eval if self._eval is not None else eval_data.as_dataset()
+
+
+class _Training:
+    """One job's training once it is set up: the state its steps share, epoch to epoch."""
+
+    syncer: ckpt_io.Syncer  # set when training starts
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        *,
+        seed: SeedTuple,
+        job: Job,
+        out: TrainingOutcome,
+        reporter: ProgressReporter,
+        options: TrainingOptions,
+        setup_seconds: float,
+    ) -> None:
+        self.spec, self.seed, self.job, self.out = spec, seed, job, out
+        self.reporter, self.options = reporter, options
+        self.timings: dict[str, float] = {
+            "setup": setup_seconds,
+            "training": 0.0,
+            "fingerprinting": 0.0,
+            "checkpointing": 0.0,
+            "step_checkpointing": 0.0,  # the share of checkpointing spent on step checkpoints
+            "train_calls": 0,  # compiled calls that ran the optimizer steps
         }
+        tr = spec.training
+        self.every = options.trace_every_steps or tr.fingerprint_every_steps
+        self.last_epoch = min(tr.epochs, options.until_epoch or tr.epochs)
+        self.callbacks = list(getattr(job.model, "training_callbacks", None) or [])
+        for callback in self.callbacks:
+            callback.set_model(job.model)
+        self.steps_per_epoch = spec.dataset.train_batches
+        self.spec_hash = spec.spec_hash()
+        self.first_epoch, self.first_batch, self.step = 1, 0, 0
+        self.checkpoint_dir = options.checkpoint_dir
+        self.step_every = tr.checkpoint_every_steps if self.checkpoint_dir is not None else None
+        self.resumed_meta: dict[str, Any] | None = None
+        # A stateless generator gives the same batches when an epoch is generated again, so its
+        # data fingerprints are computed after training. A generator with stateful RNG ops does
+        # not: its fingerprints are taken from the batches training actually consumed.
+        self.in_loop_data = bool(job.data.stateful_random_ops)
+        self.consumed: list[dict[str, Any]] = []
+        self.reseed_tf = self._reseed_policy()
 
-    # Batches that can be regenerated and come in order are read from one pipeline for the
-    # whole run, traced and started once: a dataset per epoch cost a small CNN's job about
-    # a sixth of each epoch. Epoch by epoch otherwise, as the classic loop always does.
-    one_pipeline = not (classic or in_loop_data) and bool(
-        job.data.deterministic_order or not job.data.num_parallel_calls
-    )
-    run_batches: Any = None
-    eval_dataset = None
-    if job.eval_data is not None and not job.eval_data.stateful_random_ops:
-        eval_dataset = job.eval_data.as_dataset()  # the same batches every epoch
-    # Checkpoints count once renamed into place; their fsyncs run beside training.
-    syncer = ckpt_io.Syncer()
-    for epoch in range(first_epoch, last_epoch + 1):
-        t_epoch = time.monotonic()
-        determinism.reseed(seed, "epoch", epoch, tensorflow=reseed_tf)
+    def _reseed_policy(self) -> bool:
+        """Whether each epoch reseeds TensorFlow (recorded, with a warning for compiled RNG)."""
+        classic, job = self.options.classic, self.job
+        # TensorFlow's global seed restarts stateful random ops' sequences; each epoch sets it
+        # only if something could draw from them (it costs a re-optimisation of every step).
+        step_rng = [] if classic or job.data.stateful_random_ops else job.stateful_random_ops()
+        if step_rng:
+            self.out.warnings.append(
+                f"the model's training or evaluation step uses stateful RNG ops "
+                f"({', '.join(step_rng)}): their seeds are fixed when the step is compiled, so a "
+                "run resumed from a checkpoint draws other numbers than an uninterrupted one; "
+                "use keras.random with a SeedGenerator, or tf.random.stateless_*"
+            )
+        tf_rng = job.data.stateful_random_ops + step_rng
+        reseed_tf = classic or bool(tf_rng)
+        self.out.determinism["reseed_tensorflow"] = (
+            "every epoch" + (f" (stateful random ops: {', '.join(tf_rng)})" if tf_rng else "")
+            if reseed_tf
+            else "at start only: the compiled steps use no stateful random op"
+        )
+        return reseed_tf
+
+    def resume(self) -> None:
+        """Continue from the newest intact checkpoint if asked; a fresh trace starts at init."""
+        if self.options.resume and self.checkpoint_dir is not None:
+            self._restore(self.checkpoint_dir)
+        if not self.out.trace:
+            self.out.trace.append(self.job.point("init", 0, 0))
+
+    def _restore(self, directory: Path) -> None:
+        out, replicas = self.out, self.spec.distribution.replicas
+        ckpt, skipped = ckpt_io.load_latest(directory, spec_hash=self.spec_hash, replicas=replicas)
+        out.warnings += skipped
+        if ckpt is None:
+            return
+        ckpt_io.restore(ckpt, self.job.state)
+        restored = fingerprint_state(self.job.state).fingerprint
+        if restored != ckpt.meta["fingerprint"]:
+            raise CheckpointError(
+                f"{ckpt.path.name}: restored state has fingerprint "
+                f"{restored}, expected {ckpt.meta['fingerprint']}"
+            )
+        self.step = step = ckpt.step
+        out.trace = [TracePoint.model_validate(p) for p in ckpt.meta["trace"]]
+        out.metrics = list(ckpt.meta["metrics"])
+        out.checkpoints = list(ckpt.meta["checkpoints"])
+        out.resumed_from_step = ckpt.step
+        self.consumed = list(ckpt.meta.get("consumed_data_fingerprints", []))
+        if ckpt.batch is None:
+            self.first_epoch = ckpt.epoch + 1
+            out.resumed_from_epoch = ckpt.epoch
+            self.reporter.emit("resumed", epoch=ckpt.epoch, step=step, kind="epoch")
+        else:  # mid-epoch: continue epoch `ckpt.epoch` at its next batch
+            self.first_epoch, self.first_batch = ckpt.epoch, ckpt.batch
+            self.resumed_meta = ckpt.meta
+            self.reporter.emit(
+                "resumed", epoch=ckpt.epoch, step=step, batch=ckpt.batch, kind="step"
+            )
+
+    def train(self) -> None:
+        """Train the epochs left, up to the last one or a stop request."""
+        job = self.job
+        # Batches that can be regenerated and come in order are read from one pipeline for the
+        # whole run, traced and started once: a dataset per epoch cost a small CNN's job about
+        # a sixth of each epoch. Epoch by epoch otherwise, as the classic loop always does.
+        one_pipeline = not (self.options.classic or self.in_loop_data) and bool(
+            job.data.deterministic_order or not job.data.num_parallel_calls
+        )
+        pipelines = _Pipelines(job, one_pipeline=one_pipeline, last_epoch=self.last_epoch)
+        # Checkpoints count once renamed into place; their fsyncs run beside training.
+        self.syncer = ckpt_io.Syncer()
+        for epoch in range(self.first_epoch, self.last_epoch + 1):
+            t_epoch = time.monotonic()
+            self._train_epoch(epoch, pipelines)
+            row = self._epoch_row(epoch, pipelines)
+            stopping = self._end_epoch(epoch, row, t_epoch)
+            self.timings["training"] += time.monotonic() - t_epoch
+            if stopping:
+                self.out.interrupted_after_epoch = epoch
+                self.reporter.emit("interrupted", epoch=epoch, step=self.step)
+                break
+        t_ck = time.monotonic()
+        self.syncer.close()  # the job reports success only with its checkpoints on disk
+        self.timings["checkpointing"] += time.monotonic() - t_ck
+
+    def _train_epoch(self, epoch: int, pipelines: _Pipelines) -> None:
+        """Run the epoch's optimizer steps, with their trace points and step checkpoints."""
+        job = self.job
+        determinism.reseed(self.seed, "epoch", epoch, tensorflow=self.reseed_tf)
         for metric in job.train_metrics + job.eval_metrics:
             metric.reset_state()
-        start = first_batch if epoch == first_epoch else 0
-        if start and resumed_meta is not None:
-            resume_within_epoch(resumed_meta, job.train_metrics)
-            if in_loop_data:
-                out.warnings.append(
+        start = self.first_batch if epoch == self.first_epoch else 0
+        if start and self.resumed_meta is not None:
+            resume_within_epoch(self.resumed_meta, job.train_metrics)
+            if self.in_loop_data:
+                self.out.warnings.append(
                     f"the data fingerprint of epoch {epoch} covers only batches {start + 1}.. "
                     "(training resumed mid-epoch on data that cannot be regenerated)"
                 )
-        reporter.emit("epoch_start", epoch=epoch, epochs=tr.epochs)
-        data_digest = StreamDigest() if in_loop_data else None
-        if not one_pipeline:
-            iterator = iter(epoch_dataset(job.data, epoch, start))
-        else:
-            if run_batches is None:
-                run_batches = iter(job.data.epochs_dataset(epoch, last_epoch, start))
-            iterator = run_batches
+        self.reporter.emit("epoch_start", epoch=epoch, epochs=self.spec.training.epochs)
+        data_digest = StreamDigest() if self.in_loop_data else None
+        iterator = pipelines.train(epoch, start)
         for batch_in_epoch, global_step, loss in epoch_steps(
             iterator=iterator,
             generator=job.data.name,
             single=job.train_step,
-            multi=None if (callbacks or in_loop_data) else job.multi_step,
+            multi=None if (self.callbacks or self.in_loop_data) else job.multi_step,
             first_batch=start,
-            num_batches=steps_per_epoch,
-            step=step,
-            steps_to_boundary=steps_to_boundary,
-            steps_per_call=1
-            if classic
-            else call_size([every, step_every, steps_per_epoch], steps_per_call or 1),
+            num_batches=self.steps_per_epoch,
+            step=self.step,
+            steps_to_boundary=self._steps_to_boundary,
+            steps_per_call=self._steps_per_call(),
             digest=data_digest,
         ):
-            step = global_step
-            timings["train_calls"] += 1
-            if reporter.step_due():
-                reporter.step(
-                    epoch=epoch,
-                    epochs=tr.epochs,
-                    batch=batch_in_epoch,
-                    batches=steps_per_epoch,
-                    step=step,
-                    loss=float(loss),
-                )
-            for callback in callbacks:
-                callback.on_train_batch_end(batch_in_epoch - 1, {"step": step, "epoch": epoch})
-            if every and step % every == 0:
-                t_fp = time.monotonic()
-                out.trace.append(job.point("step", epoch, step))
-                timings["fingerprinting"] += time.monotonic() - t_fp
-            if step_every and checkpoint_dir is not None and step % step_every == 0:
-                t_ck = time.monotonic()
-                name = save_step_checkpoint(
-                    checkpoint_dir,
-                    state=job.state,
-                    meta=checkpoint_meta,
-                    last_point=out.trace[-1],
-                    position=(epoch, batch_in_epoch, step),
-                    train_metrics=job.train_metrics,
-                    syncer=syncer,
-                )
-                out.checkpoints.append(name)
-                timings["checkpointing"] += time.monotonic() - t_ck
-                timings["step_checkpointing"] += time.monotonic() - t_ck
-                reporter.emit(
-                    "checkpoint",
-                    epoch=epoch,
-                    step=step,
-                    batch=batch_in_epoch,
-                    path=name,
-                    kind="step",
-                )
+            self.step = global_step
+            self._after_call(epoch, batch_in_epoch, loss)
         if data_digest is not None:
-            consumed.append({"epoch": epoch, "fingerprint": data_digest.hexdigest()})
-        row: dict[str, Any] = {"epoch": epoch, "step": step, **_read(job.train_metrics)}
+            self.consumed.append({"epoch": epoch, "fingerprint": data_digest.hexdigest()})
+
+    def _steps_per_call(self) -> int:
+        if self.options.classic:
+            return 1
+        periods = [self.every, self.step_every, self.steps_per_epoch]
+        return call_size(periods, self.options.steps_per_call or 1)
+
+    def _steps_to_boundary(self, step: int) -> int:
+        """Steps until the next trace point or step checkpoint (a call stops there)."""
+        return min(
+            [n - step % n for n in (self.every, self.step_every) if n] or [self.steps_per_epoch]
+        )
+
+    def _after_call(self, epoch: int, batch_in_epoch: int, loss: Any) -> None:
+        """Report the step, call the callbacks, then take a due trace point and step checkpoint."""
+        step, every, step_every = self.step, self.every, self.step_every
+        self.timings["train_calls"] += 1
+        if self.reporter.step_due():
+            self.reporter.step(
+                epoch=epoch,
+                epochs=self.spec.training.epochs,
+                batch=batch_in_epoch,
+                batches=self.steps_per_epoch,
+                step=step,
+                loss=float(loss),
+            )
+        for callback in self.callbacks:
+            callback.on_train_batch_end(batch_in_epoch - 1, {"step": step, "epoch": epoch})
+        if every and step % every == 0:
+            t_fp = time.monotonic()
+            self.out.trace.append(self.job.point("step", epoch, step))
+            self.timings["fingerprinting"] += time.monotonic() - t_fp
+        if step_every and self.checkpoint_dir is not None and step % step_every == 0:
+            self._step_checkpoint(self.checkpoint_dir, epoch, batch_in_epoch)
+
+    def _step_checkpoint(self, directory: Path, epoch: int, batch_in_epoch: int) -> None:
+        t_ck = time.monotonic()
+        name = save_step_checkpoint(
+            directory,
+            state=self.job.state,
+            meta=self._checkpoint_meta,
+            last_point=self.out.trace[-1],
+            position=(epoch, batch_in_epoch, self.step),
+            train_metrics=self.job.train_metrics,
+            syncer=self.syncer,
+        )
+        self.out.checkpoints.append(name)
+        self.timings["checkpointing"] += time.monotonic() - t_ck
+        self.timings["step_checkpointing"] += time.monotonic() - t_ck
+        self.reporter.emit(
+            "checkpoint", epoch=epoch, step=self.step, batch=batch_in_epoch, path=name, kind="step"
+        )
+
+    def _checkpoint_meta(self, name: str, fingerprint: str) -> dict[str, Any]:
+        return {
+            "spec_hash": self.spec_hash,
+            "seed": list(self.seed),
+            "replicas": self.spec.distribution.replicas,
+            "fingerprint": fingerprint,
+            "trace": [p.model_dump() for p in self.out.trace],
+            "metrics": self.out.metrics,
+            "checkpoints": [*self.out.checkpoints, name],
+            "consumed_data_fingerprints": self.consumed,
+        }
+
+    def _epoch_row(self, epoch: int, pipelines: _Pipelines) -> dict[str, Any]:
+        """The epoch's metrics row: its training metrics, then an evaluation's if there is one."""
+        job = self.job
+        row: dict[str, Any] = {"epoch": epoch, "step": self.step, **_read(job.train_metrics)}
         if job.eval_data is not None:
-            for x, y in _batches(
-                eval_dataset if eval_dataset is not None else job.eval_data.as_dataset(),
-                job.data.name,
-            ):
+            for x, y in _batches(pipelines.evaluation(job.eval_data), job.data.name):
                 job.eval_step(x, y)
             row.update(_read(job.eval_metrics))
-        for callback in callbacks:
+        return row
+
+    def _end_epoch(self, epoch: int, row: dict[str, Any], t_epoch: float) -> bool:
+        """Trace, report and checkpoint the epoch's end; whether a stop request ends training."""
+        out, step = self.out, self.step
+        for callback in self.callbacks:
             callback.on_epoch_end(epoch - 1, {"step": step, "epoch": epoch})
         t_fp = time.monotonic()
-        out.trace.append(job.point("epoch", epoch, step))
-        timings["fingerprinting"] += time.monotonic() - t_fp
+        out.trace.append(self.job.point("epoch", epoch, step))
+        self.timings["fingerprinting"] += time.monotonic() - t_fp
         row["seconds"] = round(time.monotonic() - t_epoch, 6)
         out.metrics.append(row)
-        reporter.emit("epoch_end", **row, fingerprint=out.trace[-1].fingerprint)
-        stopping = epoch < last_epoch and stop_requested(epoch)
-        if checkpoint_dir is not None and (
-            epoch % tr.checkpoint_every_epochs == 0 or epoch == last_epoch or stopping
+        self.reporter.emit("epoch_end", **row, fingerprint=out.trace[-1].fingerprint)
+        stopping = epoch < self.last_epoch and self.options.stop_requested(epoch)
+        if self.checkpoint_dir is not None and (
+            epoch % self.spec.training.checkpoint_every_epochs == 0
+            or epoch == self.last_epoch
+            or stopping
         ):
-            t_ck = time.monotonic()
-            name = f"epoch-{epoch:06d}.json"
-            meta = checkpoint_meta(name, out.trace[-1].fingerprint)
-            ckpt_io.save_checkpoint(
-                checkpoint_dir, epoch=epoch, step=step, state=job.state, meta=meta, syncer=syncer
-            )
-            out.checkpoints.append(name)
-            timings["checkpointing"] += time.monotonic() - t_ck
-            reporter.emit("checkpoint", epoch=epoch, step=step, path=name)
-        timings["training"] += time.monotonic() - t_epoch
-        if stopping:
-            out.interrupted_after_epoch = epoch
-            reporter.emit("interrupted", epoch=epoch, step=step)
-            break
-    t_ck = time.monotonic()
-    syncer.close()  # the job reports success only with its checkpoints on disk
-    timings["checkpointing"] += time.monotonic() - t_ck
+            self._epoch_checkpoint(self.checkpoint_dir, epoch)
+        return stopping
 
-    # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
-    t_data = time.monotonic()
-    out.data_fingerprints = (
-        consumed
-        if in_loop_data
-        else [
-            {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
-            for e in range(1, (out.interrupted_after_epoch or last_epoch) + 1)
-        ]
-    )
-    if job.eval_data is not None:
-        out.eval_data_fingerprint = job.eval_data.data_fingerprint()
-    timings["data_fingerprints"] = time.monotonic() - t_data
-    out.timings = {k: round(v, 6) for k, v in timings.items()}
-    out.model = job.model
-    return out
+    def _epoch_checkpoint(self, directory: Path, epoch: int) -> None:
+        t_ck = time.monotonic()
+        name = f"epoch-{epoch:06d}.json"
+        meta = self._checkpoint_meta(name, self.out.trace[-1].fingerprint)
+        ckpt_io.save_checkpoint(
+            directory,
+            epoch=epoch,
+            step=self.step,
+            state=self.job.state,
+            meta=meta,
+            syncer=self.syncer,
+        )
+        self.out.checkpoints.append(name)
+        self.timings["checkpointing"] += time.monotonic() - t_ck
+        self.reporter.emit("checkpoint", epoch=epoch, step=self.step, path=name)
+
+    def finish(self) -> TrainingOutcome:
+        """Fingerprint the data trained and evaluated on and hand over the outcome."""
+        out, job = self.out, self.job
+        # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
+        t_data = time.monotonic()
+        out.data_fingerprints = (
+            self.consumed
+            if self.in_loop_data
+            else [
+                {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
+                for e in range(1, (out.interrupted_after_epoch or self.last_epoch) + 1)
+            ]
+        )
+        if job.eval_data is not None:
+            out.eval_data_fingerprint = job.eval_data.data_fingerprint()
+        self.timings["data_fingerprints"] = time.monotonic() - t_data
+        out.timings = {k: round(v, 6) for k, v in self.timings.items()}
+        out.model = job.model
+        return out

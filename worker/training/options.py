@@ -1,0 +1,46 @@
+"""How one job trains beyond what its spec says: checkpoints, resume, stops, tracing, loop mode.
+
+TensorFlow-free, so a job can build its options before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def never_stop(epoch: int) -> bool:
+    """The stop request of a job nothing can interrupt."""
+    return False
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """The job's choices that leave the spec, and so its hash, unchanged.
+
+    `stop_requested(epoch)` is asked after each epoch but the last; when it says yes,
+    training checkpoints that epoch and returns early with `interrupted_after_epoch` set.
+    `trace_every_steps` overrides the spec's trace granularity and `until_epoch` ends
+    training after that epoch (as finished, not interrupted): together they re-trace one
+    stretch of a run step by step without changing its spec.
+    """
+
+    checkpoint_dir: Path | None = None  # epoch checkpoints, and step ones if the spec asks
+    resume: bool = False  # from the newest intact checkpoint of either kind
+    stop_requested: Callable[[int], bool] = never_stop
+    # An operator's limit on the model's parameters, checked before any weight is allocated
+    # when the size is arithmetic on the spec.
+    max_model_parameters: int | None = None
+    trace_every_steps: int | None = None
+    until_epoch: int | None = None
+    # Whether a GPU-less process may split its CPU into logical devices for replicas.
+    allow_logical_devices: bool = True
+    # Up to this many steps (default 1) run per compiled call, never across a trace point,
+    # step checkpoint or epoch end (one per call when the model has callbacks or the data
+    # must be fingerprinted as it is consumed).
+    steps_per_call: int | None = None
+    # The loop as it was before several steps per call: one step per call, a dataset per
+    # epoch and TensorFlow reseeded every epoch, whatever the steps draw (slower; the same
+    # bits, which a test checks).
+    classic: bool = False
