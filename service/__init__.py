@@ -1,1 +1,2 @@
-"""Reprotrain service: the command line today; the API and dashboard build on it."""
+"""Reprotrain service: the API, its database and queue, verification, the dashboard and the
+`repro` command line."""
