@@ -27,10 +27,29 @@ class Settings(BaseSettings):
     max_artifact_bytes: int = Field(default=8 * 1024**3, ge=1024)
     # A dataset upload (`POST /api/v1/datasets`), counted as its bytes arrive.
     max_dataset_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    # What a dataset's arrays may take once inflated, read from the zip's declared sizes before
+    # anything is inflated: a compressed upload may declare far more than it sends.
+    max_dataset_inflated_bytes: int = Field(default=2 * 1024**3, ge=1024)
     # What the arrays of one checkpoint may declare in total, checked before any is read.
     max_checkpoint_bytes: int = Field(default=4 * 1024**3, ge=1024)
+    # Reports of compared pairs kept besides a family's (a rerun against its reference), so
+    # viewers comparing any pairs cannot grow the database with runs squared; past it the
+    # oldest go and are computed again when asked. 0: only a family's are kept.
+    max_stored_comparisons: int = Field(default=1000, ge=0)
+    # A worker's result (`POST /runs/{id}/complete`): its body limit. A spec whose result
+    # could exceed it (mostly its fingerprint trace: points x variables) is refused at submit.
+    max_result_bytes: int = Field(default=64 * 1024**2, ge=1024)
+    # Files one run may hold per artifact kind (log, weights, model, and checkpoint files
+    # beyond the epoch checkpoints its spec writes), and their bytes per kind; past either
+    # an upload is refused (413) before it is stored.
+    max_run_artifact_files: int = Field(default=64, ge=1)
+    max_run_artifact_bytes: int = Field(default=16 * 1024**3, ge=1024)
     # Images a worker may advertise or report running (empty: any, recorded as reported).
     worker_images: list[str] = Field(default_factory=list)
+    # Worker names one worker token may hold (registering the next one: 409), and images one
+    # worker may advertise (422); each stored worker is shown in lists and pages.
+    max_workers_per_token: int = Field(default=256, ge=1)
+    max_worker_images: int = Field(default=64, ge=1, le=1000)
     # Slow clients: a request's headers must arrive within header_timeout_seconds of the
     # connection (or of its previous response); its body within body_timeout_seconds, plus
     # one second per body_min_bytes_per_second received (so a large upload at a steady rate
@@ -54,6 +73,9 @@ class Settings(BaseSettings):
     # Invalid bearer tokens tolerated per client address and window before 429.
     auth_failures_allowed: int = Field(default=20, ge=1)
     auth_failure_window_seconds: float = Field(default=60.0, gt=0)
+    # Invalid tokens per client address and window whatever token ids they claim, so a new
+    # id per attempt does not escape the limit; valid tokens are verified first and pass.
+    auth_failures_per_address: int = Field(default=100, ge=1)
     # A valid token is trusted again for this long without reading its row; a revocation
     # takes effect at once on the process that made it, within this bound on the others.
     # 0: every request reads the token's row.
@@ -62,6 +84,8 @@ class Settings(BaseSettings):
     # these bound only memory and sockets; past them: 503 with Retry-After.
     max_event_streams: int = Field(default=1000, ge=1)
     max_waiting_claims: int = Field(default=1000, ge=1)
+    # Waiting claims one token may hold, so one worker token cannot take every slot.
+    max_waiting_claims_per_token: int = Field(default=250, ge=1)
     # Database connections per API process (PostgreSQL; SQLite uses a pool as large as the
     # thread pool): at least the thread pool's 40, so no request thread waits for one. The
     # pool keeps as many as it has needed, up to `db_pool_size`, and closes the overflow on

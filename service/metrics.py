@@ -4,7 +4,8 @@ this process measured (claim latency, lease expiries, request durations).
 Counts that live in the database are read when scraped, with a few grouped queries on
 indexed columns, so every API replica reports the same numbers and nothing drifts. Counts
 that only this process sees are in-process counters and histograms (sum them over
-replicas). Labels are bounded: statuses, outcomes, verdict kinds, route templates.
+replicas). Labels are bounded: statuses, outcomes, verdict kinds, route templates, and the
+standard HTTP methods (any other is "other"), never anything a client makes up.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from http import HTTPStatus
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -46,6 +48,13 @@ HTTP_SECONDS = Histogram(
     registry=None,
 )
 _UNMATCHED = "<unmatched>"  # a path no route has: never the raw path (unbounded labels)
+# Every label comes from a closed set, whatever the client sends: a method is any token
+# HTTP allows, so one outside these is "other" (a series per method would grow unbounded).
+_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT")
+)
+_OTHER_METHOD = "other"
+_STATUSES = frozenset(str(s.value) for s in HTTPStatus)
 
 
 class _DatabaseCollector(Collector):
@@ -143,6 +152,14 @@ def _template(scope: Scope) -> str:
     return prefix + own
 
 
+def request_labels(scope: Scope, status: int) -> tuple[str, str, str]:
+    """The method, route template and status a request is counted under, each from a closed
+    set: unknown methods are "other", unknown paths one label, odd statuses their class."""
+    method = scope["method"] if scope["method"] in _METHODS else _OTHER_METHOD
+    code = str(status)
+    return method, _template(scope), code if code in _STATUSES else f"{code[:1]}xx"
+
+
 class RequestTimer:
     """ASGI middleware observing each HTTP request's duration under its route template."""
 
@@ -157,9 +174,9 @@ class RequestTimer:
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                HTTP_SECONDS.labels(
-                    scope["method"], _template(scope), str(message["status"])
-                ).observe(time.perf_counter() - started)
+                HTTP_SECONDS.labels(*request_labels(scope, message["status"])).observe(
+                    time.perf_counter() - started
+                )
             await send(message)
 
         await self.app(scope, receive, timed_send)

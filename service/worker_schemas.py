@@ -8,15 +8,21 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from service.json_bounds import DETAILS, RESULT, BoundedProgress, bounded_extras, bounded_fields
+from service.runs.reported_values import checked_progress, metrics_problems
 from service.schemas import MAX_DEVICES, MAX_ID, Id, PlainText, StrictInput, UtcDatetime
 from worker.result import JobResult
+
+# A capability string: an executor's name, or an image reference (a rerun pins the image
+# its run reported in a 500-character column); the count of images is REPRO_MAX_WORKER_IMAGES.
+ExecutorName = Annotated[PlainText, Field(min_length=1, max_length=40)]
+ImageRef = Annotated[PlainText, Field(min_length=1, max_length=500)]
 
 
 class RegisterIn(StrictInput):
     name: PlainText = Field(min_length=1, max_length=200)
     hostname: PlainText = Field(default="", max_length=200)
-    executors: list[str] = Field(default_factory=lambda: ["process"], max_length=8)
-    images: list[str] = Field(default_factory=list, max_length=1000)
+    executors: list[ExecutorName] = Field(default_factory=lambda: ["process"], max_length=8)
+    images: list[ImageRef] = Field(default_factory=list, max_length=1000)
     gpu: PlainText | None = Field(default=None, max_length=200)
     # GPUs the node counted; for a node without GPUs, the logical CPU devices it lets a job
     # create. A run asking for N replicas goes only to a worker with N devices.
@@ -54,7 +60,8 @@ class WorkerReport(StrictInput):
 
 
 class HeartbeatIn(WorkerReport):
-    progress: BoundedProgress | None = None
+    # Counters and numbers checked, so the run's pages can always show them.
+    progress: Annotated[BoundedProgress | None, AfterValidator(checked_progress)] = None
 
 
 class HeartbeatOut(BaseModel):
@@ -87,6 +94,7 @@ def _storable(result: JobResult) -> JobResult:
         *(f"{loc} is longer than {n} characters" for loc, text, n in texts if len(text or "") > n),
         *(f"{loc} contains a NUL character" for loc, text, _ in texts if "\x00" in (text or "")),
         *(f"{loc} is not in [0, {MAX_ID}]" for loc, value in counts if not 0 <= value <= MAX_ID),
+        *metrics_problems(result.metrics),
     ]
     if problems:
         raise ValueError("; ".join(problems))

@@ -4,11 +4,14 @@ A body is refused as it streams in, chunked or not, whatever its `Content-Length
 - 401 before a single byte of it is read when an API request carries a body without a
   bearer token of the right shape (the route still verifies the token itself);
 - 413 as soon as the bytes received pass the route's limit: `max_body_bytes` for JSON,
-  `max_artifact_bytes` for uploads, `max_dataset_bytes` for dataset pushes;
+  `max_artifact_bytes` for uploads, `max_dataset_bytes` for dataset pushes,
+  `max_result_bytes` for a worker's result;
 - 408 when the body does not arrive within `body_timeout_seconds` of the route starting
   to read it, plus one second per `body_min_bytes_per_second` already received.
 
-Every refusal closes the connection: the rest of the body is never read.
+Every refusal closes the connection: the rest of the body is never read. So does any other
+answer given before the whole body arrived (a 404, 405 or 401 from a route that never
+reads it): the connection is never kept for a body nobody reads.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from service.config import Settings
 # Dataset pushes stream to disk too, under their own limit.
 UPLOAD_ROUTES = (re.compile(r"^/api/v1/runs/[^/]+/artifacts$"),)
 DATASET_UPLOAD = re.compile(r"^/api/v1/datasets/?$")  # bounded by max_dataset_bytes
+# A worker's result carries the run's fingerprint trace: bounded by max_result_bytes, which
+# submit checks every spec's result against.
+RESULT_REPORT = re.compile(r"^/api/v1/runs/[^/]+/complete$")
 _CLOSE = {"Connection": "close"}
 
 
@@ -45,6 +51,8 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
         return settings.max_artifact_bytes
     if method == "POST" and DATASET_UPLOAD.match(path):
         return settings.max_dataset_bytes
+    if method == "POST" and RESULT_REPORT.match(path):
+        return max(settings.max_result_bytes, settings.max_body_bytes)
     return settings.max_body_bytes
 
 
@@ -119,20 +127,33 @@ class BodyLimits:
             await reply(send, 413, f"request body larger than {limit} bytes")
             return
         started = False
+        bounded = _BoundedReceive(receive, limit=limit, settings=self.settings)
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if not bounded.complete:
+                    message = _closing(message)
             await send(message)
 
         try:
-            await self.app(
-                scope, _BoundedReceive(receive, limit=limit, settings=self.settings), tracked_send
-            )
+            await self.app(scope, bounded, tracked_send)
         except BodyRefused as exc:  # raised where no exception handler answers it
             if started:
                 raise
             await reply(send, exc.status_code, str(exc.detail))
+
+
+def _closing(start: Message) -> Message:
+    """`start` saying the connection ends with this response.
+
+    An answer given before the whole body arrived (405, 404, a refused token) leaves the
+    rest of the body unread: uvicorn would go on reading it for as long as the client sends,
+    with no deadline and no limit, unless the connection ends with the answer.
+    """
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 async def reply(

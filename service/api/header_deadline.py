@@ -1,11 +1,14 @@
-"""A deadline for request headers, which uvicorn does not have.
+"""A deadline for request headers, which uvicorn does not have, and no connection kept for a
+request body nobody will read.
 
 uvicorn's `timeout_keep_alive` covers only the idle time between requests and is reset by
 every byte received, so a client that sends its headers a byte at a time ("slowloris")
 holds a connection for as long as it likes. This protocol gives each request's headers a
 fixed time from the moment the server starts waiting for them (the connection opening,
 or the first byte after the previous response): once they are not all there, the server
-answers 408 and closes. The body's own deadline is kept by `service.api.body_limits`.
+answers 408 and closes. The body's own deadline is kept by `service.api.body_limits` while
+the app reads it; once the response is complete the app cannot read it any more, so a body
+not fully received by then is not read on: the connection closes.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ class HeaderDeadlineProtocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         self._heard = False
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before the whole body arrived: uvicorn would read the rest with no
+            # deadline and no limit (its keep-alive timer is cancelled by every byte), and
+            # nothing can use it now. The app marks such answers `Connection: close`; this
+            # holds for any answer that did not pass through it.
+            self.transport.close()
         super().on_response_complete()
 
     def _arm_header_timer(self) -> None:

@@ -202,7 +202,8 @@ def _start_api(
         port=port,
         log_level="warning",
         # Slow clients: headers within header_timeout_seconds (the body's deadline is the
-        # app's), request line and headers at most 16 KiB (400 past it).
+        # app's; a body still arriving when its answer is complete is never read on: the
+        # connection closes), request line and headers at most 16 KiB (400 past it).
         http=header_deadline_protocol(settings.header_timeout_seconds),
         h11_max_incomplete_event_size=16 * 1024,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -67,7 +69,9 @@ def register(
 
     A name is a worker's identity: the same token registering it again gets the same id
     (capabilities refreshed); a name another valid token registered is refused (409); an
-    image outside the server's allow-list is refused (403)."""
+    image outside the server's allow-list is refused (403). A token holds at most
+    `REPRO_MAX_WORKERS_PER_TOKEN` names (409 for the next new one), a worker advertises at
+    most `REPRO_MAX_WORKER_IMAGES` images (422)."""
     worker = worker_identity.register_worker(
         token_id=principal.token_id,
         db=db,
@@ -79,6 +83,8 @@ def register(
         allowed_images=settings.worker_images,
         gpus=body.gpus,
         cpu_devices=body.cpu_devices,
+        max_images=settings.max_worker_images,
+        max_names=settings.max_workers_per_token,
     )
     return RegisterOut(
         id=worker.id,
@@ -161,30 +167,42 @@ async def claim(
     if wait == 0:  # the plain poll
         out = await run_in_threadpool(attempt)
     else:
-        out = await _wait_and_claim(request, attempt, wait)
+        out = await _wait_and_claim(request, attempt, wait, token_id=principal.token_id)
     observe_claim(started, claimed=out is not None)
     return Response(status_code=204) if out is None else out
 
 
+async def _until_disconnected(request: Request) -> None:
+    # A claim's body is never read: what arrives is read and dropped until the client leaves.
+    with contextlib.suppress(Exception):
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+
 async def _wait_and_claim(
-    request: Request, attempt: Callable[[], ClaimOut | None], wait: float
+    request: Request, attempt: Callable[[], ClaimOut | None], wait: float, *, token_id: int
 ) -> ClaimOut | None:
     waits = _claim_waits(request)
     deadline = time.monotonic() + wait
-    with waits.waiter():
-        first = True
-        while True:
-            generation = waits.generation
-            out = await waits.attempt(attempt, generation=generation, first=first)
-            first = False
-            if out is not None:
-                return out
-            left = deadline - time.monotonic()
-            if left <= 0 or waits.closed:
-                return None
-            await waits.moved(generation, left)
-            if waits.closed or await request.is_disconnected():  # lease nothing to a leaver
-                return None
+    with waits.waiter(token_id):
+        # A client that leaves frees its slot at once, not when its wait would have ended.
+        gone = asyncio.ensure_future(_until_disconnected(request))
+        try:
+            first = True
+            while True:
+                generation = waits.generation
+                out = await waits.attempt(attempt, generation=generation, first=first)
+                first = False
+                if out is not None:
+                    return out
+                left = deadline - time.monotonic()
+                if left <= 0 or waits.closed or gone.done():
+                    return None
+                await waits.moved(generation, left, lambda: asyncio.shield(gone))
+                if waits.closed or gone.done():  # lease nothing to a leaver
+                    return None
+        finally:
+            gone.cancel()
 
 
 def _claim_waits(request: Request) -> ClaimWaits:
@@ -196,6 +214,7 @@ def _claim_waits(request: Request) -> ClaimWaits:
             sessionmaker=state.read_sessionmaker,
             bell=state.queue_bell,
             max_waiting=settings.max_waiting_claims,
+            max_waiting_per_token=settings.max_waiting_claims_per_token,
             recheck_seconds=_RECHECK_SECONDS,
         )
     waits: ClaimWaits = state.claim_waits
@@ -301,6 +320,10 @@ async def upload_artifact(
     digest = artifacts.check_upload(name, x_content_sha256)
     queue.check_worker(db, worker_id, principal)
     run = queue.held_run(db, run_id, worker_id)
+    bounds = artifacts.upload_bounds(run, settings)  # 413 before reading past the run's bounds
+    room, what = artifacts.upload_room(
+        db, run=run, kind=kind, name=name, epoch=epoch, bounds=bounds
+    )
     db.commit()  # release the row lock before a long upload
     directory = settings.resolved_artifacts_dir
     staged, size = await artifacts.receive(
@@ -308,7 +331,8 @@ async def upload_artifact(
         directory=directory,
         name=name,
         declared_sha256=digest,
-        max_bytes=settings.max_artifact_bytes,
+        max_bytes=room,
+        what=what,
     )
     try:
         run = queue.held_run(db, run_id, worker_id)
@@ -322,6 +346,7 @@ async def upload_artifact(
             size=size,
             staged=staged,
             directory=directory,
+            bounds=bounds,
         )
     finally:
         staged.unlink(missing_ok=True)  # moved into place, or refused
