@@ -14,6 +14,7 @@ from service.config import Settings
 from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
 from service.json_bounds import MAX_INT_DIGITS, exceeds_int_digits
 from service.persistence.models import Experiment, Run, utcnow
+from service.runs import result_size, resume_points
 from service.storage import datasets
 from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.models import registry
@@ -40,8 +41,24 @@ def parse_submission(
         msg = f"a number in the spec has more than {MAX_INT_DIGITS} digits"
         raise InvalidSpec(msg, errors=[{"loc": "$", "msg": msg}]) from None
     check_limits(spec, settings)
+    check_deliverable(spec, settings)
     check_storable(spec)
     return spec
+
+
+def check_deliverable(spec: ExperimentSpec, settings: Settings) -> None:
+    """InvalidSpec if the run's result could exceed what `complete` takes (max_result_bytes)."""
+    estimate = result_size.result_bytes(spec)
+    if estimate <= settings.max_result_bytes:
+        return
+    every = spec.training.fingerprint_every_steps
+    loc = "training.fingerprint_every_steps" if every else "training.epochs"
+    msg = (
+        f"its result could reach {estimate} bytes ({result_size.trace_points(spec)} trace "
+        f"points), past this server's limit of {settings.max_result_bytes} bytes for a "
+        "result (REPRO_MAX_RESULT_BYTES): trace less often or train fewer steps"
+    )
+    raise InvalidSpec(f"spec exceeds limits: {loc}: {msg}", errors=[{"loc": loc, "msg": msg}])
 
 
 def check_storable(spec: ExperimentSpec) -> None:
@@ -278,4 +295,5 @@ def cancel(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     run.finished_at = utcnow()
     audit(db=db, actor=actor, action="run.cancel", target_type="run", target_id=run.id)
     db.commit()
+    resume_points.prune_step_checkpoints(db, run, keep_newest=False)  # it resumes no more
     return run

@@ -52,7 +52,7 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
     """Put runs whose lease expired back in the queue, or fail them after too many attempts."""
     now = utcnow()
     expired = and_(Run.status == "running", Run.lease_expires_at < now)
-    db.execute(
+    given_up = db.scalars(
         update(Run)
         .where(expired, Run.attempt >= settings.max_attempts)
         .values(
@@ -66,8 +66,9 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
                 "holding the run stopped sending heartbeats each time",
             },
         )
+        .returning(Run.id)
         .execution_options(synchronize_session=False)
-    )
+    ).all()
     requeued = db.execute(
         update(Run)
         .where(expired)
@@ -78,6 +79,10 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
         bell.note_queued(db)
         metrics.LEASE_EXPIRIES.inc(cast(CursorResult[Any], requeued).rowcount)
     db.commit()
+    for run_id in given_up:  # failed for good: their checkpoints serve no resume
+        run = db.get(Run, run_id)
+        if run is not None:
+            resume_points.prune_step_checkpoints(db, run, keep_newest=False)
 
 
 def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
@@ -324,7 +329,7 @@ def complete(
             db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
         )
     db.commit()
-    # A finished run resumes no more: its step checkpoints only took space.
+    # A finished run resumes no more: its step checkpoints and orphan halves only took space.
     resume_points.prune_step_checkpoints(db, run, keep_newest=False)
     return run
 
@@ -337,6 +342,7 @@ def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> 
     run.lease_expires_at = None
     run.error = error
     db.commit()
+    resume_points.prune_step_checkpoints(db, run, keep_newest=False)  # it resumes no more
     return run
 
 

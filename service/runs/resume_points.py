@@ -6,7 +6,9 @@ node uploads both kinds as the job writes them; step checkpoints are stored with
 epoch, so everything that reads epoch checkpoints (verification of the final fingerprint,
 comparison sizes, refinements) never sees them. A checkpoint counts once both its files
 are in (the node sends the json last). Step checkpoints serve only to resume, so a newer
-complete checkpoint makes the older step checkpoints of the run useless: they are deleted.
+complete checkpoint makes the older step checkpoints of the run useless: they are deleted,
+with the halves of older checkpoints whose other file never came; once the run is finished,
+every checkpoint file but its complete epoch checkpoints goes.
 """
 
 from __future__ import annotations
@@ -138,42 +140,42 @@ def resume_point(db: Session, run: Run) -> ResumePoint | None:
 
 
 def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -> int:
-    """Delete the run's step checkpoints older than its newest complete checkpoint (all of
-    them with `keep_newest=False`); returns how many checkpoints went.
+    """Delete the run's checkpoint files that can serve no resume; returns how many
+    checkpoints (file stems) went.
 
-    A stored file is removed only when no artifact row still names its digest: files are
-    content-addressed, so two runs' identical checkpoints share one.
+    While the run goes on (`keep_newest`): its step checkpoints older than its newest
+    complete checkpoint, and the halves of checkpoints older than that one whose other file
+    never came (an npz without its json). Once it is finished (`keep_newest=False`): every
+    step checkpoint and every checkpoint file that is not half of a complete epoch
+    checkpoint. A stored file is removed only when no artifact row still names its digest:
+    files are content-addressed, so two runs' identical checkpoints share one.
     """
-    points = complete_checkpoints(db, run)
-    if not points:
+    files = list(
+        db.scalars(select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint"))
+    )
+    points = _complete(((a.name, a.epoch, a) for a in files), steps_per_epoch(run))
+    newest_step = points[-1][2] if points and keep_newest else None
+    if keep_newest and newest_step is None:
         return 0
-    newest_step = points[-1].step if keep_newest else None
-    stale_stems = {
-        p.npz.name.rsplit(".", 1)[0]
-        for p in points
-        if p.kind == "step" and (newest_step is None or p.step < newest_step)
+    kept = {
+        id(file)
+        for kind, _, step, npz, json in points
+        if kind == "epoch" or (newest_step is not None and step >= newest_step)
+        for file in (npz, json)
     }
-    if not stale_stems:
-        return 0
     stale = [
         art
-        for art in db.scalars(
-            select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
-        )
-        if art.epoch is None and art.name.rsplit(".", 1)[0] in stale_stems
+        for art in files
+        if id(art) not in kept and (newest_step is None or _before(art, newest_step, run))
     ]
-    files = {art.sha256: artifacts.local_path(art) for art in stale}
-    for art in stale:
-        db.delete(art)
-    db.flush()  # written first: on SQLite this takes the write lock (see lock_digests)
-    # Held from the check to the unlink, so an upload of the same bytes either committed
-    # its artifact before the check or puts the file back after the unlink.
-    artifacts.lock_digests(db, files)
-    shared = set(db.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(files))))
-    for digest, path in files.items():
-        if digest not in shared:
-            path.unlink(missing_ok=True)
-    # Should this commit fail, the rows of superseded checkpoints stay without their files;
-    # resumes take the newest checkpoint, which is never pruned while the run goes on.
-    db.commit()
-    return len(stale_stems)
+    artifacts.delete(db, stale)
+    return len({art.name.rsplit(".", 1)[0] for art in stale})
+
+
+def _before(art: Artifact, step: int, run: Run) -> bool:
+    """Whether the checkpoint file names a point before global `step` (never for other names)."""
+    match = _NAME.match(art.name)
+    if match is None:
+        return False
+    number = int(match.group(2))
+    return (number * steps_per_epoch(run) if match.group(1) == "epoch" else number) < step

@@ -8,11 +8,13 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from service.config import Settings
 from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
 from service.persistence.file_modes import open_private, private_dir
 from service.persistence.models import Artifact, Run
@@ -23,6 +25,8 @@ SHA256_HEX = r"^[0-9a-fA-F]{64}$"
 # An upload in progress writes its `.part` file as the bytes arrive (and a stalled one is
 # cut off by the body timeout), so one untouched this long belongs to a server that stopped.
 PARTIAL_UPLOAD_MAX_AGE_SECONDS = 3600.0
+# The epoch checkpoints a run's spec writes: bounded by its epochs, not by the per-kind bounds.
+_EPOCH_FILE = re.compile(r"^epoch-(\d{6})\.(npz|json)$")
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,66 @@ async def write_hashed(
     return h.hexdigest(), size
 
 
+@dataclass(frozen=True)
+class UploadBounds:
+    """What one run may hold per artifact kind, beyond the epoch checkpoints of its spec."""
+
+    files: int  # REPRO_MAX_RUN_ARTIFACT_FILES
+    bytes: int  # REPRO_MAX_RUN_ARTIFACT_BYTES
+    epochs: int  # the run's epochs: epoch-NNNNNN checkpoint files up to it are not counted
+    file_bytes: int  # any one upload: REPRO_MAX_ARTIFACT_BYTES
+
+
+def upload_bounds(run: Run, settings: Settings) -> UploadBounds:
+    """The bounds on what `run` may upload, from the settings and its spec."""
+    epochs = int(((run.experiment.spec or {}).get("training") or {}).get("epochs") or 0)
+    return UploadBounds(
+        files=settings.max_run_artifact_files,
+        bytes=settings.max_run_artifact_bytes,
+        epochs=epochs,
+        file_bytes=settings.max_artifact_bytes,
+    )
+
+
+def _counted(art_kind: str, name: str, epoch: int | None, epochs: int) -> bool:
+    found = _EPOCH_FILE.match(name) if art_kind == "checkpoint" else None
+    return found is None or epoch != int(found.group(1)) or not 0 <= epoch <= epochs
+
+
+def upload_room(
+    db: Session, *, run: Run, kind: str, name: str, epoch: int | None, bounds: UploadBounds
+) -> tuple[int, str]:
+    """The bytes this upload may have within the run's bounds for its kind (it replaces a
+    file of the same name), and what to call it past them; BodyTooLarge (413) when the run
+    may hold no more of the kind."""
+    if not _counted(kind, name, epoch, bounds.epochs):
+        return bounds.file_bytes, "artifact"
+    held = db.execute(
+        select(Artifact.name, Artifact.epoch, Artifact.size).where(
+            Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name != name
+        )
+    ).all()
+    sizes = [size for other, at, size in held if _counted(kind, other, at, bounds.epochs)]
+    if len(sizes) >= bounds.files:
+        raise BodyTooLarge(
+            f"run {run.id} already holds {len(sizes)} {kind} files, the most one run may "
+            "(REPRO_MAX_RUN_ARTIFACT_FILES); nothing was stored"
+        )
+    room = bounds.bytes - sum(sizes)
+    if room <= 0:
+        raise BodyTooLarge(
+            f"run {run.id} already holds {sum(sizes)} bytes of {kind} files, the most one run "
+            "may (REPRO_MAX_RUN_ARTIFACT_BYTES); nothing was stored"
+        )
+    if room >= bounds.file_bytes:
+        return bounds.file_bytes, "artifact"
+    held_bytes = bounds.bytes - room
+    return room, (
+        f"{kind} file: run {run.id} holds {held_bytes} bytes of them, and may hold "
+        f"{bounds.bytes} (REPRO_MAX_RUN_ARTIFACT_BYTES); this one is"
+    )
+
+
 async def receive(
     chunks: AsyncIterator[bytes],
     *,
@@ -65,6 +129,7 @@ async def receive(
     name: str,
     declared_sha256: str,
     max_bytes: int,
+    what: str = "artifact",
 ) -> tuple[Path, int]:
     """Stage the stream in a temporary file under `directory` if its digest matches.
 
@@ -74,7 +139,7 @@ async def receive(
     private_dir(directory)  # artifacts are owner-only: 0600 files in 0700 directories
     tmp = directory / f".{name}.{os.getpid()}.{id(chunks)}.part"
     try:
-        actual, size = await write_hashed(chunks, tmp, max_bytes=max_bytes, what="artifact")
+        actual, size = await write_hashed(chunks, tmp, max_bytes=max_bytes, what=what)
         if actual != declared_sha256:
             raise DigestMismatch(
                 f"received {size} bytes with SHA-256 {actual}, not {declared_sha256}"
@@ -119,10 +184,11 @@ def record(
     size: int,
     staged: Path,
     directory: Path,
+    bounds: UploadBounds | None = None,
 ) -> Artifact:
     """Move a staged upload into place and create or replace the artifact row for
     (run, kind, name), holding the digest (`lock_digests`) from before the move until the
-    row is committed."""
+    row is committed; BodyTooLarge, nothing stored, past the run's `bounds`."""
     art = db.scalar(
         select(Artifact).where(
             Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name == name
@@ -131,15 +197,71 @@ def record(
     if art is None:
         art = Artifact(run_id=run.id, kind=kind, name=name)
         db.add(art)
+    # A file of the same name with other bytes: its file goes unless another artifact has it.
+    replaced = {art.sha256: local_path(art)} if art.sha256 not in (None, sha256) else {}
     final = stored_path(directory, sha256)
     art.epoch, art.sha256, art.size = epoch, sha256, size
     art.storage_url, art.attempt = final.resolve().as_uri(), run.attempt
     db.flush()  # the row is written first: on SQLite this takes the write lock
-    lock_digests(db, [sha256])
+    if bounds is not None:  # again with the row in: concurrent uploads of the run wait here
+        _check_held(db, run=run, kind=kind, bounds=bounds)
+    lock_digests(db, [sha256, *replaced])
     private_dir(final.parent)
     os.replace(staged, final)
+    unlink_unshared(db, replaced)
     db.commit()
     return art
+
+
+def _check_held(db: Session, *, run: Run, kind: str, bounds: UploadBounds) -> None:
+    held = db.execute(
+        select(Artifact.name, Artifact.epoch, Artifact.size).where(
+            Artifact.run_id == run.id, Artifact.kind == kind
+        )
+    ).all()
+    sizes = [size for name, at, size in held if _counted(kind, name, at, bounds.epochs)]
+    if len(sizes) > bounds.files or sum(sizes) > bounds.bytes:
+        db.rollback()
+        raise BodyTooLarge(
+            f"run {run.id} may hold at most {bounds.files} {kind} files of {bounds.bytes} bytes "
+            "in all (REPRO_MAX_RUN_ARTIFACT_FILES, REPRO_MAX_RUN_ARTIFACT_BYTES); nothing "
+            "was stored"
+        )
+
+
+def unlink_unshared(db: Session, files: dict[str, Path]) -> None:
+    """Unlink the stored files of these digests that no artifact names any more.
+
+    Call it holding the digests (`lock_digests`) and commit after: an upload of the same
+    bytes then either committed its artifact before the check or puts the file back after
+    the unlink.
+    """
+    if not files:
+        return
+    shared = set(db.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(files))))
+    for digest, path in files.items():
+        if digest not in shared:
+            path.unlink(missing_ok=True)
+
+
+def delete(db: Session, arts: Iterable[Artifact]) -> int:
+    """Delete the artifacts, and their stored files no other artifact shares; commits.
+
+    Returns how many artifacts went.
+    """
+    arts = list(arts)
+    if not arts:
+        return 0
+    files = {art.sha256: local_path(art) for art in arts}
+    for art in arts:
+        db.delete(art)
+    db.flush()  # written first: on SQLite this takes the write lock (see lock_digests)
+    lock_digests(db, files)
+    unlink_unshared(db, files)
+    # Should this commit fail, the rows stay without their files; a resume takes the newest
+    # checkpoint, which is never removed while the run goes on.
+    db.commit()
+    return len(arts)
 
 
 def get_artifact(db: Session, artifact_id: int) -> Artifact:

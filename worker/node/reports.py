@@ -6,7 +6,9 @@ against the final checkpoint, so a final checkpoint the API has not taken yet wa
 the report and is uploaded before it. It leaves the outbox when the API
 accepts it, or refuses it for good (the lease is gone, the run is gone); on 429, a 5xx or
 a dropped connection it stays and is sent again with backoff, also by the next agent
-started on the same work directory.
+started on the same work directory. A result the API refuses as too large (413) is set
+aside in the outbox's `refused/` directory and the run is reported failed with
+`ResultTooLarge`, so the run says why instead of ending on an expired lease.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ MAX_BACKOFF = 30.0  # seconds between attempts while the API cannot take a repor
 # fixed by an operator) keeps the report.
 _REFUSALS = frozenset({400, 403, 404, 409, 410, 413, 422})
 _ENTRY = re.compile(r"^run-([A-Za-z0-9_-]{1,100})\.json$")
+_TOO_LARGE = 413
+# A failure report the API refused as too large is sent again with its traceback cut to this.
+_TRACEBACK_KEPT = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,18 @@ class Outbox:
             tmp.unlink(missing_ok=True)
             raise
         fsync_path(self.directory)
+        return path
+
+    def set_aside(self, report: Report) -> Path:
+        """Keep a copy of the report out of the way of sending (`refused/run-<id>.json`)."""
+        refused = self.directory / "refused"
+        refused.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = refused / self.path(report.run_id).name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(asdict(report), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
         return path
 
     def remove(self, report: Report) -> None:
@@ -171,7 +188,10 @@ class Courier:
                 report.send(self.client)
             except ApiError as exc:
                 if exc.status_code in _REFUSALS:
+                    instead = self._instead_of_too_large(report, exc)
                     self._refused(report, exc)
+                    if instead is not None:  # the run still learns why it has no result
+                        self.deliver(instead)
                     return "refused"
                 if self.stop.is_set():
                     log.warning(
@@ -236,6 +256,31 @@ class Courier:
             report = replace(report, body={**report.body, "uploads": files})
             self.outbox.put(report)
         return report
+
+    def _instead_of_too_large(self, report: Report, exc: ApiError) -> Report | None:
+        """The report that tells the run why the API refused this one as too large, if any:
+        a failure `ResultTooLarge` for a result (which is kept aside), a shorter traceback
+        for a failure."""
+        if exc.status_code != _TOO_LARGE:
+            return None
+        if report.kind == "complete":
+            size = len(json.dumps(report.body.get("result"), separators=(",", ":")))
+            kept = self.outbox.set_aside(report)
+            log.error("run %s: result of %d bytes kept in %s", report.run_id, size, kept)
+            message = (
+                f"the worker finished the run, but the API refused its result of {size} bytes "
+                f"as too large ({exc.detail}); the worker kept it in {kept}"
+            )
+            error = {"type": "ResultTooLarge", "message": message, "result_bytes": size}
+            return Report("fail", report.run_id, report.worker_id, {"error": error})
+        error = dict(report.body.get("error") or {})
+        traceback = str(error.get("traceback") or "")
+        if report.kind != "fail" or len(traceback) <= _TRACEBACK_KEPT:
+            return None
+        cut = "[cut: the API refused it as too large]\n"
+        error["traceback"] = cut + traceback[-_TRACEBACK_KEPT:]
+        error["message"] = str(error.get("message", ""))[:_TRACEBACK_KEPT]
+        return Report("fail", report.run_id, report.worker_id, {"error": error})
 
     def _refused(self, report: Report, exc: ApiError) -> None:
         why = "the lease is gone" if isinstance(exc, LeaseLost) else "refused for good"
