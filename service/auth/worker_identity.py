@@ -6,12 +6,42 @@ that holds a run, so a name must not pass between tokens while its token is vali
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.errors import Conflict, Forbidden
+from service.errors import Conflict, Forbidden, ServiceError
 from service.persistence.models import ApiToken, Worker, utcnow
+
+
+class RegistrationRefused(ServiceError):
+    """The registration asks for more than this server keeps for one worker (422)."""
+
+    status_code = 422
+
+
+def _check_images(images: list[str], max_images: int | None) -> None:
+    if max_images is not None and len(images) > max_images:
+        msg = (
+            f"a worker may advertise at most {max_images} images, not {len(images)} "
+            "(REPRO_MAX_WORKER_IMAGES); nothing was stored"
+        )
+        raise RegistrationRefused(msg, errors=[{"loc": "body.images", "msg": msg}])
+
+
+def _check_new_name(db: Session, token_id: int | None, name: str, max_names: int | None) -> None:
+    """Conflict (409) when the token already holds `max_names` worker names."""
+    if max_names is None or token_id is None:
+        return
+    # Concurrent registrations of new names under one token queue here on PostgreSQL.
+    db.execute(select(ApiToken.id).where(ApiToken.id == token_id).with_for_update())
+    held = db.scalar(select(func.count(Worker.id)).where(Worker.token_id == token_id)) or 0
+    if held >= max_names:
+        raise Conflict(
+            f"this token already holds {held} worker names, the most one token may hold "
+            f"(REPRO_MAX_WORKERS_PER_TOKEN={max_names}); register {name!r} again under one of "
+            "them, or give this node a token of its own"
+        )
 
 
 def _token_is_live(db: Session, token_id: int | None) -> bool:
@@ -42,6 +72,8 @@ def register_worker(
     allowed_images: list[str] | None = None,
     gpus: int | None = None,
     cpu_devices: int | None = None,
+    max_images: int | None = None,
+    max_names: int | None = None,
 ) -> Worker:
     """The worker of this name, created or refreshed: a name is one worker's identity.
 
@@ -50,8 +82,11 @@ def register_worker(
     token is refused (Conflict, 409) while that token is valid; once it is revoked or
     expired, the name passes to the new token. An image outside `allowed_images` (when
     the operator set it) is refused (Forbidden, 403). Its `devices` are its GPUs, else the
-    logical CPU devices it allows, else one.
+    logical CPU devices it allows, else one. More than `max_images` images is refused
+    (RegistrationRefused, 422); a name new to a token that holds `max_names` names already
+    is refused (Conflict, 409). A refusal stores nothing.
     """
+    _check_images(images, max_images)
     refused = [image for image in images if allowed_images and image not in allowed_images]
     if refused:
         raise Forbidden(
@@ -60,15 +95,16 @@ def register_worker(
         )
     for _ in range(2):  # a second pass after losing a race to insert the same name
         worker = db.scalar(select(Worker).where(Worker.name == name))
-        if worker is not None and worker.token_id != token_id:
-            if _token_is_live(db, worker.token_id):
+        if worker is None or worker.token_id != token_id:  # a name new to this token
+            if worker is not None and _token_is_live(db, worker.token_id):
                 raise Conflict(
                     f"worker name {name!r} is registered by another token; choose another name"
                 )
+            _check_new_name(db, token_id, name, max_names)
+            if worker is None:
+                worker = Worker(token_id=token_id, name=name)
+                db.add(worker)
             worker.token_id = token_id  # the name's token was revoked or expired
-        if worker is None:
-            worker = Worker(token_id=token_id, name=name)
-            db.add(worker)
         worker.hostname, worker.executors, worker.images = hostname, executors, images
         worker.gpu, worker.last_seen_at = gpu, utcnow()
         worker.gpus, worker.cpu_devices = device_counts(gpu, gpus, cpu_devices)

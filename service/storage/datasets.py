@@ -24,6 +24,7 @@ from service.auth.tokens import GRANTS, Principal, audit
 from service.errors import (
     DatasetRefused,
     DigestMismatch,
+    Forbidden,
     InvalidSpec,
     MalformedBody,
     NotFound,
@@ -31,7 +32,7 @@ from service.errors import (
 from service.persistence.file_modes import private_dir
 from service.persistence.models import Dataset, Experiment, Run, Worker
 from service.storage.artifacts import stored_path, write_hashed
-from worker.data.dataset_format import DEFAULT_MAX_ARRAY_BYTES, DatasetFormatError, inspect_dataset
+from worker.data.dataset_format import DatasetFormatError, DatasetTooLarge, inspect_dataset
 
 DIGEST = r"^sha256:[0-9a-f]{64}$"
 # What a client may send as the digest: `sha256:<hex>` or the bare hex (as for artifacts).
@@ -88,25 +89,25 @@ def store(
     digest: str,
     name: str,
     directory: Path,
-    max_bytes: int,
+    max_inflated_bytes: int,
     actor: Principal,
 ) -> tuple[Dataset, bool]:
     """Inspect the spooled file and store it under its digest: (dataset, created).
 
-    DatasetRefused with the reader's reason when it is not an acceptable dataset. A digest
-    already stored answers its existing record (created False): pushing is idempotent.
-    The spooled file is always consumed.
+    DatasetRefused with the reader's reason, naming the upload by `name`, when it is not
+    an acceptable dataset or its arrays declare more than `max_inflated_bytes` (checked
+    before anything is inflated). A digest already stored answers its existing record
+    (created False): pushing is idempotent. The spooled file is always consumed.
     """
     try:
         existing = find(db, digest)
         if existing is not None:
             return existing, False
         try:
-            # Compressed arrays may inflate; bound the work the check may do by the upload
-            # limit (a stored npz is bounded by its own size anyway).
-            info = inspect_dataset(
-                spooled, max_bytes=min(DEFAULT_MAX_ARRAY_BYTES, 4 * max(max_bytes, size))
-            )
+            info = inspect_dataset(spooled, max_bytes=max_inflated_bytes, label=repr(name))
+        except DatasetTooLarge as exc:
+            msg = f"{exc} (REPRO_MAX_DATASET_INFLATED_BYTES); nothing was stored"
+            raise DatasetRefused(f"not a dataset this service accepts: {msg}") from None
         except DatasetFormatError as exc:
             raise DatasetRefused(f"not a dataset this service accepts: {exc}") from None
         final = stored_path(directory, digest)
@@ -182,6 +183,21 @@ def runs_using(db: Session, digest: str, *, limit: int = RUNS_LISTED) -> tuple[l
     total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
     ids = db.scalars(query.order_by(Run.id.desc()).limit(limit)).all()
     return list(ids), total
+
+
+def readable(db: Session, digest: str, principal: Principal) -> Dataset:
+    """The dataset of `digest` if the caller may download it. A caller who may not read it
+    gets Forbidden whether it is stored or not, so a worker token cannot learn which
+    digests exist; readers get NotFound for an absent one."""
+    dataset = None
+    try:
+        dataset = get(db, digest)
+    except NotFound:
+        if principal.role != "worker" and principal.role in GRANTS["read"]:
+            raise
+    if dataset is None or not may_read(db, dataset, principal):
+        raise Forbidden(f"this token may not read dataset {digest}")
+    return dataset
 
 
 def may_read(db: Session, dataset: Dataset, principal: Principal) -> bool:

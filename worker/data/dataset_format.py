@@ -38,6 +38,17 @@ class DatasetFormatError(ValueError):
     """The file is not a dataset this service accepts; str(exc) is the reason."""
 
 
+class DatasetTooLarge(DatasetFormatError):
+    """The arrays declare more bytes, once inflated, than the caller's bound."""
+
+    def __init__(self, where: str, declared: int, limit: int) -> None:
+        super().__init__(
+            f"{where}: its arrays take {declared} bytes once inflated; the limit is {limit}"
+        )
+        self.declared = declared
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     """One named array of a dataset as stored (shape includes the sample dimension)."""
@@ -75,8 +86,10 @@ class DatasetInfo:
 @dataclass(frozen=True)
 class _Reader:
     sniff: Callable[[Path], bool]
-    inspect: Callable[[Path, int], DatasetInfo]  # (path, max inflated bytes): full check
+    # (path, max inflated bytes, the file's name in messages): the full check
+    inspect: Callable[[Path, int, str], DatasetInfo]
     open: Callable[[Path, int], dict[str, np.ndarray]]
+    declared_bytes: Callable[[Path], int]  # the arrays' inflated size, from headers only
 
 
 def file_digest(path: Path) -> str:
@@ -88,15 +101,26 @@ def file_digest(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def inspect_dataset(path: Path, *, max_bytes: int = DEFAULT_MAX_ARRAY_BYTES) -> DatasetInfo:
+def inspect_dataset(
+    path: Path, *, max_bytes: int = DEFAULT_MAX_ARRAY_BYTES, label: str | None = None
+) -> DatasetInfo:
     """The dataset's description after checking every byte of it, with bounded memory.
 
     DatasetFormatError with the reason if the file is in no known format, is truncated or
     corrupt (CRC), holds a non-numeric array, an array without a sample dimension, arrays
-    that disagree on the number of samples, or more than `max_bytes` of array data.
+    that disagree on the number of samples; DatasetTooLarge if its arrays declare more
+    than `max_bytes` once inflated, found from the headers before anything is inflated.
+    Messages name the file `label` (default: the file's name), never its path.
     """
     path = Path(path)
-    return _reader(path).inspect(path, max_bytes)
+    where = label or path.name
+    return _reader(path, where).inspect(path, max_bytes, where)
+
+
+def declared_bytes(path: Path) -> int:
+    """What the dataset's arrays take once inflated, read from their headers alone."""
+    path = Path(path)
+    return _reader(path, path.name).declared_bytes(path)
 
 
 def open_arrays(path: Path, *, max_bytes: int = DEFAULT_MAX_ARRAY_BYTES) -> dict[str, np.ndarray]:
@@ -106,18 +130,21 @@ def open_arrays(path: Path, *, max_bytes: int = DEFAULT_MAX_ARRAY_BYTES) -> dict
     caller has checked the file's digest (a job) or inspected it (the API) already.
     """
     path = Path(path)
-    return _reader(path).open(path, max_bytes)
+    return _reader(path, path.name).open(path, max_bytes)
 
 
-def _reader(path: Path) -> _Reader:
+def _reader(path: Path, where: str) -> _Reader:
     if not path.exists():
-        raise DatasetFormatError(f"{path.name}: no such file")
+        raise DatasetFormatError(f"{where}: no such file")
     for reader in _READERS.values():
         if reader.sniff(path):
             return reader
-    raise DatasetFormatError(
-        f"{path.name}: not a dataset in a known format ({', '.join(_READERS)})"
-    )
+    raise DatasetFormatError(f"{where}: not a dataset in a known format ({', '.join(_READERS)})")
+
+
+def _renamed(text: str, path: Path, where: str) -> str:
+    # Messages reach API clients: a spooled upload's path means nothing to them.
+    return text.replace(str(path), where).replace(path.name, where)
 
 
 # --- .npz -------------------------------------------------------------------------------
@@ -132,9 +159,9 @@ def _npz_sniff(path: Path) -> bool:
     return magic in (b"PK\x03\x04", b"PK\x05\x06")
 
 
-def _npz_members(path: Path, max_bytes: int) -> tuple[dict[str, Member], DatasetInfo]:
+def _npz_headers(path: Path, where: str) -> dict[str, Member]:
     try:
-        members = inspect_npz(
+        return inspect_npz(
             path,
             max_members=MAX_ARRAYS,
             max_bytes=None,
@@ -142,15 +169,23 @@ def _npz_members(path: Path, max_bytes: int) -> tuple[dict[str, Member], Dataset
             too_many="a dataset may hold at most",
         )
     except CheckpointError as exc:  # the reader's refusals name the problem already
-        raise DatasetFormatError(str(exc)) from None
-    where = path.name
+        raise DatasetFormatError(_renamed(str(exc), path, where)) from None
+
+
+def _npz_declared_bytes(path: Path) -> int:
+    return sum(m.nbytes for m in _npz_headers(path, path.name).values())
+
+
+def _npz_members(
+    path: Path, max_bytes: int, where: str | None = None
+) -> tuple[dict[str, Member], DatasetInfo]:
+    where = where or path.name
+    members = _npz_headers(path, where)
     if not members:
         raise DatasetFormatError(f"{where}: holds no arrays")
     total = sum(m.nbytes for m in members.values())
     if total > max_bytes:
-        raise DatasetFormatError(
-            f"{where}: its arrays take {total} bytes; the limit is {max_bytes}"
-        )
+        raise DatasetTooLarge(where, total, max_bytes)
     for m in members.values():
         if not m.shape:
             raise DatasetFormatError(
@@ -170,9 +205,8 @@ def _npz_members(path: Path, max_bytes: int) -> tuple[dict[str, Member], Dataset
     return members, DatasetInfo("npz", tuple(arrays), samples)
 
 
-def _npz_inspect(path: Path, max_bytes: int) -> DatasetInfo:
-    _, info = _npz_members(path, max_bytes)
-    where = path.name
+def _npz_inspect(path: Path, max_bytes: int, where: str) -> DatasetInfo:
+    _, info = _npz_members(path, max_bytes, where)
     try:
         with zipfile.ZipFile(path) as zf:
             for zinfo in zf.infolist():
@@ -181,7 +215,8 @@ def _npz_inspect(path: Path, max_bytes: int) -> DatasetInfo:
                     while fh.read(_CHUNK):
                         pass
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise DatasetFormatError(f"{where}: corrupt or truncated ({exc})") from None
+        reason = _renamed(str(exc), path, where)
+        raise DatasetFormatError(f"{where}: corrupt or truncated ({reason})") from None
     return info
 
 
@@ -228,5 +263,5 @@ def _npz_open(path: Path, max_bytes: int) -> dict[str, np.ndarray]:
 
 
 _READERS: dict[str, _Reader] = {
-    "npz": _Reader(_npz_sniff, _npz_inspect, _npz_open),
+    "npz": _Reader(_npz_sniff, _npz_inspect, _npz_open, _npz_declared_bytes),
 }

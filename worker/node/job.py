@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
-from worker.node.dataset_cache import DatasetCache
+from worker.node.dataset_cache import DatasetCache, DatasetTooLargeForMemory, job_memory
 from worker.node.executors import Executor, JobHandle, JobRequest
 from worker.node.job_files import (
     KILL_GRACE_SECONDS,
@@ -320,12 +320,16 @@ class ClaimedRun:
         digest = (spec.get("dataset") or {}).get("data")
         if digest is None:
             return None
-        return DatasetCache(self.work_dir / "datasets", self.client).fetch(str(digest))
+        memory = job_memory(getattr(self.executor, "memory", None))
+        cache = DatasetCache(self.work_dir / "datasets", self.client, memory=memory)
+        return cache.fetch(str(digest))
 
     def _dataset_unavailable(self, exc: Exception) -> Report:
         log.warning("run %s: dataset unavailable: %s", self.run_id, exc)
         if isinstance(exc, ApiError) and exc.retryable:  # the API is away or busy for now
             return self.report("release", reason=f"dataset not available now ({exc})")
+        if isinstance(exc, DatasetTooLargeForMemory):  # before the job, not an OOM kill in it
+            return self.report("fail", error={"type": "DatasetTooLarge", "message": str(exc)})
         return self.report(
             "fail",
             error={"type": "DatasetUnavailable", "message": f"cannot fetch the dataset: {exc}"},

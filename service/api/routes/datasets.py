@@ -21,7 +21,6 @@ from service.api.deps import (
 )
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.errors import Forbidden
 from service.persistence.models import Dataset
 from service.schemas import DatasetDetail, DatasetOut, Page
 from service.storage import datasets
@@ -87,8 +86,9 @@ async def push(
     The body streams to disk while hashed; it is kept only if its SHA-256 equals
     `X-Content-SHA256` (400 naming both otherwise) and the dataset reader accepts every
     byte (422 with the reason: truncated or malformed, object dtypes, arrays that disagree
-    on the number of samples). Past `REPRO_MAX_DATASET_BYTES`: 413. Pushing bytes already
-    stored answers 200 with the existing record.
+    on the number of samples, arrays declaring more than `REPRO_MAX_DATASET_INFLATED_BYTES`
+    once inflated, refused before any is inflated). Past `REPRO_MAX_DATASET_BYTES`: 413.
+    Pushing bytes already stored answers 200 with the existing record.
     """
     digest = datasets.declared_digest(x_content_sha256)
     datasets.check_name(name)
@@ -109,7 +109,7 @@ async def push(
             digest=digest,
             name=name,
             directory=directory,
-            max_bytes=settings.max_dataset_bytes,
+            max_inflated_bytes=settings.max_dataset_inflated_bytes,
             actor=principal,
         )
         if not created:
@@ -145,11 +145,10 @@ def show(digest: DigestPath, db: ReadSessionDep, _: ReadAccess) -> DatasetDetail
 
 @router.get("/{digest}/content", response_class=FileResponse, responses=errors(403, 404, 422))
 def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
-    """The dataset's bytes (`X-Content-SHA256` says their digest). Readers may download any;
-    a worker token only those of runs one of its workers holds."""
-    dataset = datasets.get(db, digest)
-    if not datasets.may_read(db, dataset, principal):
-        raise Forbidden(f"this token may not read dataset {dataset.digest}")
+    """The dataset's bytes (`X-Content-SHA256` says their digest). Readers may download any
+    (404 for one not stored); a worker token only those of runs one of its workers holds
+    (403 otherwise, stored or not)."""
+    dataset = datasets.readable(db, digest, principal)
     return FileResponse(
         datasets.local_path(dataset),
         media_type="application/octet-stream",
