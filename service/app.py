@@ -62,7 +62,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pool_timeout=settings.db_pool_timeout_seconds,
     )
     app.state.auth_failures = FailureLimiter(
-        settings.auth_failures_allowed, settings.auth_failure_window_seconds
+        settings.auth_failures_allowed,
+        settings.auth_failure_window_seconds,
+        max_per_address=settings.auth_failures_per_address,
     )
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.metrics_registry = make_registry(

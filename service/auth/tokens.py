@@ -196,12 +196,17 @@ class FailureLimiter:
     """Answers 429 instead of 401 to a client that keeps sending invalid tokens.
 
     Failures are counted per (client address, presented token identity), so bad tokens
-    for one identity never count against another, and a valid token is never refused:
-    it is verified first, whoever else sent bad tokens from the same address.
+    for one identity never count against another, and per address across all identities
+    (`max_per_address`), so presenting a new token id each time does not escape the count.
+    A valid token is never refused: it is verified first, whoever else sent bad tokens from
+    the same address.
     """
 
-    def __init__(self, max_failures: int, window_seconds: float) -> None:
+    def __init__(
+        self, max_failures: int, window_seconds: float, *, max_per_address: int | None = None
+    ) -> None:
         self.max_failures, self.window = max_failures, window_seconds
+        self.max_per_address = max_per_address if max_per_address is not None else max_failures
         self._failures: dict[tuple[str, str], deque[float]] = {}
         self._lock = threading.Lock()
 
@@ -217,9 +222,18 @@ class FailureLimiter:
             now = time.monotonic()
             recent = self._recent((client, identity), now)
             recent.append(now)
+            # The address's own count ("*" is never a token identity), capped in length.
+            everyone = self._recent((client, "*"), now)
+            everyone.append(now)
+            while len(everyone) > self.max_per_address + 1:
+                everyone.popleft()
             if len(self._failures) > 10_000:  # bound memory under a spray of addresses
                 self._failures = {k: v for k, v in self._failures.items() if v}
-            if len(recent) <= self.max_failures:
+            over = [
+                q for q, limit in ((recent, self.max_failures), (everyone, self.max_per_address))
+                if len(q) > limit
+            ]  # fmt: skip
+            if not over:
                 return None
-            retry = int(recent[0] + self.window - now) + 1
+            retry = max(int(q[0] + self.window - now) + 1 for q in over)
         return RateLimited(f"too many invalid tokens; retry in {retry} s", retry_after=retry)

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.dashboard import charts
-from service.dashboard.web import svg
+from service.dashboard.web import finite, svg
 from service.persistence.models import Run, TracePointRow, Verdict
 from service.verification.verdicts import family_references
 
@@ -146,22 +146,24 @@ def marked_trace(
     return rows
 
 
+def _rows(metrics: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
+    # Stored before values were checked, a "row" may be anything a worker sent.
+    return [row for row in metrics or [] if isinstance(row, Mapping)]
+
+
 def metric_names(metrics: Sequence[Mapping[str, Any]] | None) -> list[str]:
     names: list[str] = []
-    for row in metrics or []:
+    for row in _rows(metrics):
         for key, value in row.items():
-            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            numeric = finite(value) is not None
             if numeric and key not in ("epoch", "step", "seconds") and key not in names:
                 names.append(key)
     return names
 
 
 def series(metrics: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple[float, float]]:
-    return [
-        (float(row["epoch"]), float(row[name]))
-        for row in metrics or []
-        if isinstance(row.get(name), int | float) and isinstance(row.get("epoch"), int | float)
-    ]
+    points = [(finite(row.get("epoch")), finite(row.get(name))) for row in _rows(metrics)]
+    return [(x, y) for x, y in points if x is not None and y is not None]
 
 
 def curves(metrics: Sequence[Mapping[str, Any]] | None) -> list[str]:

@@ -15,7 +15,7 @@ from service.dashboard import charts, provenance_view, run_rows
 from service.dashboard.actions import perform
 from service.dashboard.runs_page import MAX_POLLS, PollCount
 from service.dashboard.session import Viewer
-from service.dashboard.web import PageRoute, ViewerDep, render, svg
+from service.dashboard.web import PageRoute, ViewerDep, finite, render, svg
 from service.errors import Conflict, MalformedBody, NotFound
 from service.persistence.models import Artifact, Verdict, Worker
 from service.runs import experiments as svc
@@ -32,9 +32,9 @@ def live_context(db: Session, run_id: int) -> dict[str, Any]:
     """What the live part of the run page shows: status, progress, fingerprint, verdict."""
     run = svc.get_run(db, run_id)
     [row] = run_rows.rows_of(db, [(run, run.experiment)])
-    progress = run.progress or {}
+    progress = run.progress if isinstance(run.progress, dict) else {}
     epochs = int(run.experiment.spec.get("training", {}).get("epochs") or 0)
-    done = float(progress.get("epoch") or 0)
+    done = min(max(finite(progress.get("epoch")) or 0.0, 0.0), float(epochs))
     if progress.get("event") == "epoch_start":
         done = max(done - 1, 0)
     bar = charts.progress_bar(done, epochs) if run.status == "running" else ""

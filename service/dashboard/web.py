@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any
@@ -77,9 +78,23 @@ def pretty(value: object) -> str:
     return str(value)
 
 
+def finite(value: object) -> float | None:
+    """A stored number as a float; None for anything else (text, a list, a flag, or an integer
+    no double holds), so an odd value a worker stored earlier never breaks a page."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        amount = float(value)
+    except OverflowError:
+        return None
+    return amount if math.isfinite(amount) else None
+
+
 def number(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, int) and not isinstance(value, bool) and finite(value) is None:
+        return "(out of range)"  # str() of a 4,000-digit integer is slow and says nothing
     return pretty(value)
 
 

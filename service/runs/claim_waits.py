@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
@@ -41,11 +41,14 @@ class ClaimWaits:
         bell: Bell,
         max_waiting: int,
         recheck_seconds: float,
+        max_waiting_per_token: int | None = None,
         concurrent_attempts: int = 4,
     ) -> None:
         self._sessionmaker, self._bell = sessionmaker, bell
         self.max_waiting, self.recheck_seconds = max_waiting, recheck_seconds
+        self.max_waiting_per_token = max_waiting_per_token or max_waiting
         self.waiting = 0
+        self._by_token: dict[int, int] = {}
         self.generation = 0
         self._moved = asyncio.Event()
         self._attempts = asyncio.Semaphore(concurrent_attempts)
@@ -59,21 +62,33 @@ class ClaimWaits:
         return self._bell.closed
 
     @contextlib.contextmanager
-    def waiter(self) -> Iterator[None]:
-        """Count one waiting claim; ServiceUnavailable (503) past the bound."""
+    def waiter(self, token_id: int = 0) -> Iterator[None]:
+        """Count one waiting claim of `token_id`; ServiceUnavailable (503) past the bound of
+        the server or of the token."""
         if self.waiting >= self.max_waiting:
             raise ServiceUnavailable(
                 f"{self.waiting} claims are waiting, the most this server keeps "
                 "(REPRO_MAX_WAITING_CLAIMS); retry later",
                 retry_after=_RETRY_AFTER_SECONDS,
             )
+        if self._by_token.get(token_id, 0) >= self.max_waiting_per_token:
+            raise ServiceUnavailable(
+                f"this token has {self._by_token[token_id]} claims waiting, the most one token "
+                "may hold (REPRO_MAX_WAITING_CLAIMS_PER_TOKEN); retry later",
+                retry_after=_RETRY_AFTER_SECONDS,
+            )
         self.waiting += 1
+        self._by_token[token_id] = self._by_token.get(token_id, 0) + 1
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._watch())
         try:
             yield
         finally:
             self.waiting -= 1
+            if self._by_token[token_id] <= 1:
+                del self._by_token[token_id]
+            else:
+                self._by_token[token_id] -= 1
             if not self.waiting and self._task is not None:
                 self._task.cancel()
                 self._task = None
@@ -95,12 +110,24 @@ class ClaimWaits:
             self._empty_at = generation  # nothing moved while it looked
         return got
 
-    async def moved(self, generation: int, timeout: float) -> None:
-        """Return once the queue moved past `generation`, the server stops, or `timeout`."""
+    async def moved(
+        self,
+        generation: int,
+        timeout: float,
+        gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        """Return once the queue moved past `generation`, the server stops, `timeout` passes,
+        or `gone()` (the client went away) returns."""
         if self.generation > generation or self.closed:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._moved.wait(), timeout)
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._moved.wait())]
+        if gone is not None:
+            waits.append(asyncio.ensure_future(gone()))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
 
     def _bump(self) -> None:
         self.generation += 1

@@ -65,7 +65,7 @@ Operation = tuple[str, str, dict[str, Any]]  # method, path, definition
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     # The auth probes send invalid tokens on purpose; the failure limiter has its own tests.
-    env = {"REPRO_AUTH_FAILURES_ALLOWED": "1000000"}
+    env = {"REPRO_AUTH_FAILURES_ALLOWED": "1000000", "REPRO_AUTH_FAILURES_PER_ADDRESS": "1000000"}
     service = Service(tmp_path_factory.mktemp("fuzz") / "data", env=env, extra=("--no-demo",))
     try:
         service.wait_ready()

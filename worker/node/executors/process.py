@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,28 @@ def pdeathsig_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return preexec
 
 
-def job_environment() -> dict[str, str]:
-    """The environment of a job: the agent's, quieter TensorFlow, no stale re-exec marker."""
-    env = dict(os.environ)
+# A job runs model and generator code the agent does not vouch for, so it sees none of the
+# agent's credentials: its worker token, and whatever else the operator's environment holds
+# (service settings when the agent runs beside the API, cloud keys, an ssh agent's socket).
+_CREDENTIAL_MARKERS = (
+    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "COOKIE",
+    "DATABASE", "_DSN", "PRIVATE",
+)  # fmt: skip
+# A URL with a password in it (a proxy, a database) is a credential whatever its name.
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
+
+
+def is_credential(name: str, value: str) -> bool:
+    """Whether an environment variable carries a credential the job must not see."""
+    upper = name.upper()
+    return any(m in upper for m in _CREDENTIAL_MARKERS) or bool(_URL_PASSWORD.search(value))
+
+
+def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job: the agent's without credentials, quieter TensorFlow, no stale
+    re-exec marker. The claim's provenance key is added after this, by the caller."""
+    source = os.environ if environ is None else environ
+    env = {name: value for name, value in source.items() if not is_credential(name, value)}
     env.pop("REPRO_JOB_REEXEC", None)  # worker.run's marker: it would suppress the job's re-exec
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
