@@ -144,7 +144,13 @@ def compare_page(
     """Run b against run a, drawn."""
     run_a, run_b = svc.get_run(db, a), svc.get_run(db, b)
     settings = request.app.state.settings
-    found = comparisons.compare_ids(db, a, b, max_checkpoint_bytes=settings.max_checkpoint_bytes)
+    found = comparisons.compare_ids(
+        db,
+        a,
+        b,
+        max_checkpoint_bytes=settings.max_checkpoint_bytes,
+        max_stored=settings.max_stored_comparisons,
+    )
     report = ComparisonReport.model_validate(found)
     trace_a, trace_b = trace_of(db, a), trace_of(db, b)
     drawn, variables = divergence_map(report, trace_a, trace_b)

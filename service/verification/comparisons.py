@@ -1,4 +1,5 @@
-"""Comparison reports of stored runs (kept once both runs finished) and per-step refinements."""
+"""Comparison reports of stored runs (kept once both runs finished, within a bound) and
+per-step refinements."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, delete, false, func, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, aliased
 
 from service.auth.tokens import Principal, audit
 from service.config import get_settings
@@ -217,11 +218,91 @@ def stored_report(db: Session, a: int, b: int) -> dict[str, Any] | None:
     return kept if _valid(kept) else None
 
 
+def _family_pair(a: type[Run], b: type[Run]) -> ColumnElement[bool]:
+    """Whether run a is the reference of run b's family (its first successful training):
+    the pair b's verdict is of, kept for good; there is at most one per run."""
+    member = aliased(Run)
+    reference = (
+        select(func.min(member.id))
+        .where(member.family_id == a.family_id, member.status == "succeeded")
+        .where(member.kind == "train")
+        .scalar_subquery()
+    )
+    family = and_(b.family_id == a.family_id, b.id != a.id, a.id == reference)
+    # NULL (no family, or no reference yet) is not a family pair.
+    return func.coalesce(family, false())
+
+
+def _is_family_pair(db: Session, a: int, b: int) -> bool:
+    """Whether run a is the reference of run b's family."""
+    run_a, run_b = aliased(Run), aliased(Run)
+    found = db.scalar(
+        select(_family_pair(run_a, run_b))
+        .select_from(run_a)
+        .join(run_b, run_b.id == b)
+        .where(run_a.id == a)
+    )
+    return bool(found)
+
+
+def _evict_beyond(db: Session, max_stored: int) -> None:
+    """Delete the kept reports of pairs other than a family's, all but the newest `max_stored`."""
+    run_a, run_b = aliased(Run), aliased(Run)
+    stale = (
+        select(ComparisonRecord.id)
+        .join(run_a, run_a.id == ComparisonRecord.run_a_id)
+        .join(run_b, run_b.id == ComparisonRecord.run_b_id)
+        .where(~_family_pair(run_a, run_b))
+        .order_by(ComparisonRecord.id.desc())
+        .offset(max_stored)
+    )
+    try:
+        db.execute(
+            delete(ComparisonRecord).where(ComparisonRecord.id.in_(stale)),
+            execution_options={"synchronize_session": False},
+        )
+        db.commit()
+    except OperationalError:
+        # A concurrent eviction of the same rows (a deadlock on PostgreSQL): the next
+        # report kept evicts again, so the bound holds within the requests in flight.
+        db.rollback()
+
+
+def _keep(db: Session, a: int, b: int, report: dict[str, Any], *, max_stored: int) -> None:
+    """Keep the report of two finished runs: a family pair's for good, any other pair's
+    among the newest `max_stored` others, so reading pairs cannot grow the database."""
+    family = _is_family_pair(db, a, b)
+    kept = db.scalar(
+        select(ComparisonRecord).where(
+            ComparisonRecord.run_a_id == a, ComparisonRecord.run_b_id == b
+        )
+    )
+    if kept is None:
+        db.add(ComparisonRecord(run_a_id=a, run_b_id=b, report=report))
+    else:
+        kept.report = report  # an older format, replaced
+    try:
+        db.commit()
+    except IntegrityError:
+        db.rollback()  # a concurrent request kept the same report first
+        return
+    if not family:
+        _evict_beyond(db, max_stored)
+
+
 def compare_ids(
-    db: Session, a: int, b: int, *, max_checkpoint_bytes: int | None = None
+    db: Session,
+    a: int,
+    b: int,
+    *,
+    max_checkpoint_bytes: int | None = None,
+    max_stored: int | None = None,
 ) -> dict[str, Any]:
-    """The report of run b against run a, computed once: finished runs never change, so
-    the report of two finished runs is kept and later requests read no checkpoint.
+    """The report of run b against run a, computed once while kept: finished runs never
+    change, so the report of two finished runs is kept and later requests read no
+    checkpoint. A family pair's is kept for good (its verdict holds it too); of other
+    pairs, the newest `max_stored` (default: the setting), so reading any pairs cannot
+    grow the database without bound.
 
     NotFound for an unknown id; CheckpointRefused (422) for a checkpoint beyond bounds.
     """
@@ -231,19 +312,8 @@ def compare_ids(
         return found
     report = compare(db, run_a, run_b, max_checkpoint_bytes=max_checkpoint_bytes)
     if run_a.status in TERMINAL_STATUSES and run_b.status in TERMINAL_STATUSES:
-        kept = db.scalar(
-            select(ComparisonRecord).where(
-                ComparisonRecord.run_a_id == a, ComparisonRecord.run_b_id == b
-            )
-        )
-        if kept is None:
-            db.add(ComparisonRecord(run_a_id=a, run_b_id=b, report=report))
-        else:
-            kept.report = report  # an older format, replaced
-        try:
-            db.commit()
-        except IntegrityError:
-            db.rollback()  # a concurrent request kept the same report first
+        limit = get_settings().max_stored_comparisons if max_stored is None else max_stored
+        _keep(db, a, b, report, max_stored=limit)
     return report
 
 

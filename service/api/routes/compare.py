@@ -31,8 +31,15 @@ def compare(
 ) -> ComparisonReport:
     """Run b against run a: identical, or where, in which variables, by how much and why.
 
-    The report of two finished runs is computed once and kept."""
-    report = comparisons.compare_ids(db, a, b, max_checkpoint_bytes=settings.max_checkpoint_bytes)
+    The report of two finished runs is kept: a rerun's against its family's reference for
+    good, others among the newest `REPRO_MAX_STORED_COMPARISONS`."""
+    report = comparisons.compare_ids(
+        db,
+        a,
+        b,
+        max_checkpoint_bytes=settings.max_checkpoint_bytes,
+        max_stored=settings.max_stored_comparisons,
+    )
     return ComparisonReport.model_validate(report)
 
 
