@@ -5,24 +5,27 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Command,
+    Group,
     JsonFlag,
     TokenOption,
     api_client,
     api_error_exit,
     emit_json,
     err,
+    out,
 )
-from worker.node.client import ApiError
 
-token_app = typer.Typer(help="Create, list and revoke API tokens (admins).", no_args_is_help=True)
+token_app = typer.Typer(
+    cls=Group, help="Create, list and revoke API tokens (admins).", no_args_is_help=True
+)
 
 
-@token_app.command("create")
+@token_app.command("create", cls=Command)
 def create(
     role: Annotated[str, typer.Option(help="admin, submitter, worker or viewer")],
     name: Annotated[str, typer.Option(help="who or what will use it")] = "cli",
@@ -32,6 +35,8 @@ def create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a token; its secret is printed once and never again."""
+    from worker.node.api_errors import ApiError
+
     try:
         created = api_client(api, token).create_token(name, role, expires_in_days=expires_days)
     except ApiError as exc:
@@ -39,15 +44,23 @@ def create(
     if as_json:
         emit_json(created)
     else:
-        err.print(f"token {created['id']} ({created['role']}, {created['name']}); keep it secret:")
+        err.print(
+            f"token {created['id']} ({created['role']}, {created['name']}); keep it secret:",
+            markup=False,
+            highlight=False,
+        )
         typer.echo(created["token"])
 
 
-@token_app.command("list")
+@token_app.command("list", cls=Command)
 def list_(
     api: ApiOption = DEFAULT_API, token: TokenOption = None, as_json: JsonFlag = False
 ) -> None:
     """Every token, without secrets."""
+    from rich.table import Table
+
+    from worker.node.api_errors import ApiError
+
     try:
         tokens = api_client(api, token).tokens()
     except ApiError as exc:
@@ -66,17 +79,27 @@ def list_(
             t["revoked_at"] or "",
             t["last_used_at"] or "",
         )
-    err.print(table)
+    out.print(table)
 
 
-@token_app.command("revoke")
-def revoke(token_id: int, api: ApiOption = DEFAULT_API, token: TokenOption = None) -> None:
+@token_app.command("revoke", cls=Command)
+def revoke(
+    token_id: int,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Revoke a token at once."""
+    from worker.node.api_errors import ApiError
+
     try:
-        api_client(api, token).revoke_token(token_id)
+        revoked = api_client(api, token).revoke_token(token_id)
     except ApiError as exc:
         raise api_error_exit(exc) from None
-    err.print(f"token {token_id} revoked")
+    if as_json:
+        emit_json(revoked)
+    else:
+        typer.echo(f"token {token_id} revoked")
 
 
 def audit(
@@ -87,6 +110,10 @@ def audit(
     as_json: JsonFlag = False,
 ) -> None:
     """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
+    from rich.table import Table
+
+    from worker.node.api_errors import ApiError
+
     try:
         page = api_client(api, token).audit(action=action, limit=limit)
     except ApiError as exc:
@@ -103,10 +130,10 @@ def audit(
             e["action"],
             f"{e['target_type']} {e['target_id'] or ''}",
         )
-    err.print(table)
+    out.print(table)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
     app.add_typer(token_app, name="token")
-    app.command()(audit)
+    app.command(cls=Command)(audit)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import typer
 
 from service.cli import admin, datasets, local, remote, server
+from service.cli.output import Group
 
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     help="Reproducible training: submit, rerun and verify experiments.",

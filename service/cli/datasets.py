@@ -6,22 +6,25 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Command,
+    Group,
     JsonFlag,
     TokenOption,
     api_client,
     api_error_exit,
     emit_json,
     err,
+    print_table,
 )
-from worker.node.client import ApiError
 
 dataset_app = typer.Typer(
-    help="Push datasets (.npz of named arrays) and find them by digest.", no_args_is_help=True
+    cls=Group,
+    help="Push datasets (.npz of named arrays) and find them by digest.",
+    no_args_is_help=True,
 )
 
 
@@ -31,7 +34,7 @@ def _arrays(record: dict[str, object]) -> str:
     return ", ".join(f"{a['name']} {a['dtype']}{a['shape']}" for a in arrays)
 
 
-@dataset_app.command("push")
+@dataset_app.command("push", cls=Command)
 def push(
     file: Annotated[
         Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="an .npz file")
@@ -42,6 +45,8 @@ def push(
     as_json: JsonFlag = False,
 ) -> None:
     """Upload a dataset (streamed, with its SHA-256) and print its digest for `dataset.data`."""
+    from worker.node.api_errors import ApiError
+
     try:
         record = api_client(api, token).push_dataset(file, name=name or file.name)
     except ApiError as exc:
@@ -49,18 +54,30 @@ def push(
     if as_json:
         emit_json(record)
         return
-    err.print(f"{record['name']}: {record['samples']} samples; {_arrays(record)}")
+    err.print(
+        f"{record['name']}: {record['samples']} samples; {_arrays(record)}",
+        markup=False,
+        highlight=False,
+    )
     typer.echo(record["digest"])
 
 
-@dataset_app.command("list")
+@dataset_app.command("list", cls=Command)
 def list_(
     limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Datasets stored on the API, newest first."""
+    """Datasets stored on the API, newest first.
+
+    Digests are printed whole, unless stdout is a terminal too narrow for them: then as
+    prefixes unique among those listed.
+    """
+    from rich.table import Table
+
+    from worker.node.api_errors import ApiError
+
     try:
         page = api_client(api, token).datasets(limit=limit)
     except ApiError as exc:
@@ -68,21 +85,26 @@ def list_(
     if as_json:
         emit_json(page)
         return
-    table = Table("digest", "name", "samples", "size", "arrays", "pushed by", "when")
-    for d in page["items"]:
-        table.add_row(
-            d["digest"][:19] + "…",
-            d["name"],
-            str(d["samples"]),
-            str(d["size"]),
-            _arrays(d),
-            d["pushed_by"],
-            d["created_at"],
-        )
-    err.print(table)
+
+    def make(digests: list[str]) -> Table:
+        table = Table("digest", "name", "samples", "size", "arrays", "pushed by", "when")
+        for d, digest in zip(page["items"], digests, strict=True):
+            table.add_row(
+                digest,
+                d["name"],
+                str(d["samples"]),
+                str(d["size"]),
+                _arrays(d),
+                d["pushed_by"],
+                d["created_at"],
+            )
+        return table
+
+    # "sha256:" and 12 hex digits at least, as `docker images` shows image IDs.
+    print_table(make, [d["digest"] for d in page["items"]], shortest=19)
 
 
-@dataset_app.command("show")
+@dataset_app.command("show", cls=Command)
 def show(
     digest: Annotated[str, typer.Argument(help="sha256:<hex> (or the bare hex)")],
     api: ApiOption = DEFAULT_API,
@@ -90,6 +112,8 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """One dataset: its arrays with shapes and dtypes, who pushed it, which runs used it."""
+    from worker.node.api_errors import ApiError
+
     try:
         record = api_client(api, token).dataset(digest)
     except ApiError as exc:

@@ -2,36 +2,44 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import tempfile
+import types
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.cli.output import JsonFlag, TrainingBar, emit_json, err
-from worker.errors import SpecError
-from worker.spec import ExperimentSpec, load_spec
+from service.cli.output import Command, JsonFlag, TrainingBar, emit_json, err
 
-if TYPE_CHECKING:  # imported where used: every `repro` command starts without NumPy
+if TYPE_CHECKING:  # imported where used: every `repro` command starts without NumPy or pydantic
+    from pydantic import BaseModel
+
     from worker.result import JobResult
+    from worker.spec import ExperimentSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def validate(spec: Path, as_json: JsonFlag = False) -> None:
     """Check a spec (fields and component names) and print its hash."""
+    from worker.errors import SpecError
     from worker.models.registry import check_spec
+    from worker.spec import load_spec
 
     try:
         parsed = load_spec(spec)
         check_spec(parsed)
     except (SpecError, OSError) as exc:
-        errors = getattr(exc, "errors", [])
+        errors = [_with_suggestion(e) for e in getattr(exc, "errors", [])]
         if as_json:
-            emit_json({"valid": False, "error": str(exc), "errors": errors})
+            emit_json({"valid": False, "error": named(str(exc), spec), "errors": errors})
         else:
-            err.print(f"[red]invalid:[/red] {exc}")
+            for line in _problems(exc, errors, spec):
+                err.print("[red]invalid:[/red] ", end="")
+                err.print(line, markup=False, highlight=False)
         raise typer.Exit(2) from None
     warnings = spec_warnings(parsed)
     if as_json:
@@ -39,7 +47,65 @@ def validate(spec: Path, as_json: JsonFlag = False) -> None:
     else:
         typer.echo(f"valid  {parsed.spec_hash()}")
         for warning in warnings:
-            err.print(f"[yellow]warning:[/yellow] {warning}")
+            err.print("[yellow]warning:[/yellow] ", end="")
+            err.print(warning, markup=False, highlight=False)
+
+
+def named(message: str, path: Path) -> str:
+    """A spec error's message naming the file: the spec is parsed from its bytes, so YAML's
+    own messages say "<byte string>" where the file name belongs."""
+    return message.replace('"<byte string>"', f'"{path}"')
+
+
+def _problems(exc: Exception, errors: list[dict[str, str]], path: Path) -> list[str]:
+    """One line per problem, each with its field path and any suggestion."""
+    from worker.errors import MalformedSpecError
+
+    if not errors or isinstance(exc, MalformedSpecError):
+        return [named(str(exc), path)]
+    lines = []
+    for e in errors:
+        hint = f" (did you mean {e['suggestion']}?)" if e.get("suggestion") else ""
+        lines.append(f"{e['loc']}: {named(e['msg'], path)}{hint}")
+    return lines
+
+
+def _with_suggestion(error: dict[str, str]) -> dict[str, str]:
+    """The error, with the field probably meant where its path names no field of the spec."""
+    *parents, name = error.get("loc", "").split(".")
+    if not name or error.get("msg") != "Extra inputs are not permitted":
+        return error
+    fields = _field_names(parents)
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    if not close:
+        return error
+    return {**error, "suggestion": ".".join([*parents, close[0]])}
+
+
+def _field_names(path: list[str]) -> list[str]:
+    """The field names of the spec model at a dotted path ([] if it names no model)."""
+
+    from worker.spec import ExperimentSpec
+
+    model: type[BaseModel] | None = ExperimentSpec
+    for part in path:
+        field = model.model_fields.get(part) if model is not None else None
+        model = _model_in(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds, looking inside Optional, unions and Annotated."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            if (found := _model_in(arg)) is not None:
+                return found
+    return None
 
 
 XLA_CHANGES_DATA = (
@@ -115,7 +181,8 @@ def run(
         typer.echo(f"succeeded  {result.final_fingerprint}  (result: {out})")
     else:
         message = result.error.message if result.error else result.status
-        err.print(f"[red]{result.status}:[/red] {message}")
+        err.print(f"[red]{result.status}:[/red] ", end="")
+        err.print(named(message, spec), markup=False, highlight=False)
     raise typer.Exit(code)
 
 
@@ -172,6 +239,6 @@ def verify(
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    app.command()(validate)
-    app.command()(run)
-    app.command(name="verify")(verify)
+    app.command(cls=Command)(validate)
+    app.command(cls=Command)(run)
+    app.command(name="verify", cls=Command)(verify)

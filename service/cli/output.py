@@ -1,19 +1,42 @@
-"""Output conventions shared by the commands: JSON on stdout for scripts, people on stderr."""
+"""Output conventions shared by the commands: tables and results on stdout, diagnostics
+(progress, warnings, errors) on stderr, JSON on stdout for scripts.
+
+This module is imported by every command at start, so it imports no HTTP client, no
+pydantic and no settings at module level: `repro --help` should not wait for them.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand, TyperGroup
 
-from worker.node.client import ApiClient, ApiError
+if TYPE_CHECKING:
+    from rich.table import Table
+    from typer._click.core import Context, Parameter
 
-err = Console(stderr=True)
+    from worker.node.client import ApiClient, ApiError
+
+# Past this width nothing is hard-wrapped: a digest or a path stays on one line.
+_UNWRAPPED = 100_000
+
+
+def _console(*, stderr: bool) -> Console:
+    """A console that wraps for a terminal and never hard-wraps into a file or a pipe."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=_UNWRAPPED, soft_wrap=True)
+
+
+err = _console(stderr=True)
+out = _console(stderr=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
 ApiOption = Annotated[
@@ -24,6 +47,28 @@ TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="REPRO_TOKEN", help="API bearer token")
 ]
 DEFAULT_API = os.environ.get("REPRO_API_URL", "http://127.0.0.1:8000")
+
+
+def _hide_flag_types(params: list[Parameter]) -> list[Parameter]:
+    # A flag takes no value, so its help row shows no value type (`--help` included).
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """A command whose help shows flags, `--help` included, without a value type."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _hide_flag_types(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """A command group whose help shows flags, `--help` included, without a value type."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _hide_flag_types(super().get_params(ctx))
 
 
 def resolve_token(token: str | None) -> str | None:
@@ -38,15 +83,32 @@ def resolve_token(token: str | None) -> str | None:
 
 def api_client(api: str, token: str | None) -> ApiClient:
     """A client of the API with the given or the local token."""
+    from worker.node.client import ApiClient
+
     return ApiClient(api, resolve_token(token))
+
+
+def api_error_lines(exc: ApiError) -> list[str]:
+    """What the API said: its reason, then each field error with its path."""
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    lines = [detail]
+    # The field errors (paths and messages) are what tells a person what to change.
+    for item in exc.errors:
+        if isinstance(item, dict):
+            loc = item.get("loc")
+            where = ".".join(map(str, loc)) if isinstance(loc, list) else str(loc or "")
+            lines.append(f"  {where}: {item.get('msg')}" if where else f"  {item.get('msg')}")
+    return lines
 
 
 def api_error_exit(exc: ApiError) -> typer.Exit:
     """Tell the person what the API said; exit 2 for a refused request, 1 otherwise."""
     if exc.status_code is None:
-        err.print(f"[red]cannot reach the API:[/red] {exc.detail}")
+        err.print(f"[red]cannot reach the API:[/red] {exc.detail}", markup=True, highlight=False)
         return typer.Exit(1)
-    err.print(f"[red]error {exc.status_code}:[/red] {exc.detail}")
+    first, *more = api_error_lines(exc)
+    err.print(f"[red]error {exc.status_code}:[/red] ", end="", highlight=False)
+    err.print("\n".join([first, *more]), markup=False, highlight=False)
     return typer.Exit(2 if 400 <= exc.status_code < 500 else 1)
 
 
@@ -55,19 +117,44 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
 
 
+def metrics_line(row: dict[str, Any]) -> str:
+    """An epoch's metrics (loss, accuracy, ...) as `name value` pairs."""
+    skip = {"epoch", "step", "seconds", "event", "fingerprint", "epochs", "batch", "batches"}
+    return "  ".join(
+        f"{k} {v:.4f}" for k, v in row.items() if k not in skip and isinstance(v, int | float)
+    )
+
+
 class TrainingBar:
-    """A progress bar on stderr, fed with a job's progress events (`worker.training.progress`)."""
+    """A progress bar on stderr, fed with a job's progress events (`worker.training.progress`).
+
+    On a terminal it redraws in place; into a file or a pipe it writes one line per new
+    description instead, so a log shows the epochs advance.
+    """
 
     def __init__(self, label: str, *, quiet: bool, initial: str) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._label = label
+        self._quiet = quiet
+        self._lines = not err.is_terminal
+        self._said: str | None = None
         self._progress = Progress(
             TextColumn(f"{label} [progress.description]{{task.description}}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=err,
-            disable=quiet,
+            disable=quiet or self._lines,
         )
         self._task = self._progress.add_task(initial, total=None)
+        self._say(initial)
 
     def __enter__(self) -> TrainingBar:
         self._progress.start()
@@ -75,6 +162,17 @@ class TrainingBar:
 
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
+
+    def _say(self, description: str, *, key: str | None = None) -> None:
+        """Into a file or a pipe: write the description, once per `key` (default: itself)."""
+        key = description if key is None else key
+        if self._lines and not self._quiet and key != self._said:
+            err.print(f"{self._label} {description}", markup=False, highlight=False)
+            self._said = key
+
+    def _update(self, description: str) -> None:
+        self._progress.update(self._task, description=description)
+        self._say(description)
 
     def show(self, event: dict[str, Any] | None, *, otherwise: str | None = None) -> None:
         """Show a step or epoch event; for any other, show `otherwise` if given."""
@@ -88,5 +186,54 @@ class TrainingBar:
             )
         elif event is not None and kind == "epoch_end":
             self._progress.update(self._task, completed=event["step"])
+            said = f"epoch {event['epoch']} done  {metrics_line(event)}".rstrip()
+            self._say(said, key=f"epoch {event['epoch']}")
         elif otherwise is not None:
-            self._progress.update(self._task, description=otherwise)
+            self._update(otherwise)
+
+    def show_epochs(self, event: dict[str, Any] | None, epochs: int, *, otherwise: str) -> None:
+        """Show a remote run's latest progress event as epochs done of `epochs`.
+
+        A worker reports only its job's latest event about once a second, so step totals
+        may never arrive; every event but "released" names its epoch, which is enough.
+        """
+        kind = (event or {}).get("event")
+        epoch = (event or {}).get("epoch")
+        if event is None or not isinstance(epoch, int) or kind == "released":
+            self._update(otherwise)
+            return
+        ended = kind in ("epoch_end", "interrupted") or (
+            kind == "checkpoint" and event.get("kind") != "step"
+        )
+        done = epoch if ended else epoch - 1
+        loss = f"  loss {event['loss']:.4f}" if isinstance(event.get("loss"), float) else ""
+        self._progress.update(
+            self._task,
+            total=epochs,
+            completed=done,
+            description=f"epoch {min(done + 1, epochs)}/{epochs}{loss}",
+        )
+        # A log gets one line per finished epoch, not one per report.
+        metrics = metrics_line(event) if kind == "epoch_end" else ""
+        said = f"epoch {done}/{epochs} done  {metrics}".rstrip() if done else "training"
+        self._say(said, key=f"epoch {done}")
+
+
+def unique_prefixes(values: list[str], *, shortest: int) -> list[str]:
+    """Each value cut to one length, the shortest (at least `shortest` characters) at which
+    distinct values stay distinct; a cut value ends in "…"."""
+    distinct = set(values)
+    longest = max((len(v) for v in values), default=0)
+    n = min(shortest, longest)
+    while n < longest and len({v[:n] for v in distinct}) < len(distinct):
+        n += 1
+    return [v if len(v) <= n else v[:n] + "…" for v in values]
+
+
+def print_table(make: Callable[[list[str]], Table], values: list[str], *, shortest: int) -> None:
+    """Print on stdout the table `make` builds around `values` (digests, fingerprints): whole,
+    unless stdout is a terminal too narrow for them, then cut to unique prefixes."""
+    table = make(values)
+    if out.is_terminal and out.measure(table).maximum > out.width:
+        table = make(unique_prefixes(values, shortest=shortest))
+    out.print(table)

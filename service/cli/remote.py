@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Command,
     JsonFlag,
     TokenOption,
     TrainingBar,
@@ -20,8 +20,12 @@ from service.cli.output import (
     api_error_exit,
     emit_json,
     err,
+    metrics_line,
+    print_table,
 )
-from worker.node.client import ApiClient, ApiError
+
+if TYPE_CHECKING:  # imported where used: `repro --help` should not wait for an HTTP client
+    from worker.node.client import ApiClient
 
 WaitFlag = Annotated[bool, typer.Option("--wait", help="wait until the run finishes")]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
@@ -29,10 +33,16 @@ _PAGE = 500  # runs per request when listing (the server's largest page)
 
 
 def _wait(client: ApiClient, run_id: int, *, quiet: bool, timeout: float | None) -> dict[str, Any]:
+    epochs = int(client.run(run_id)["spec"]["training"]["epochs"])
     with TrainingBar(f"run {run_id}", quiet=quiet, initial="queued") as bar:
 
         def on_update(run: dict[str, Any]) -> None:
-            bar.show(run.get("progress"), otherwise=f"{run['status']} (attempt {run['attempt']})")
+            where = f"{run['status']} (attempt {run['attempt']})"
+            progress = run.get("progress")
+            if run["status"] == "succeeded":
+                # Every epoch is done, whichever event the worker reported last.
+                progress = {"event": "epoch_end", "epoch": epochs}
+            bar.show_epochs(progress, epochs, otherwise=where)
 
         return client.wait(run_id, timeout=timeout, on_update=on_update)
 
@@ -54,17 +64,23 @@ def _queued(
         else:
             typer.echo(line)
         return
+    from worker.node.api_errors import ApiError
+
     if not as_json:
         typer.echo(line)
-    raise typer.Exit(
-        _finished(client, _wait(client, run_id, quiet=as_json, timeout=timeout), as_json)
-    )
+    try:
+        code = _finished(client, _wait(client, run_id, quiet=as_json, timeout=timeout), as_json)
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    raise typer.Exit(code)
 
 
 def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
     from worker.compare.verdict import describe
 
     detail = client.run(run["id"])
+    rows = detail.get("metrics") or []
+    final: dict[str, Any] | None = rows[-1] if rows and isinstance(rows[-1], dict) else None
     if as_json:
         emit_json(
             {
@@ -79,9 +95,12 @@ def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
                     "attempt",
                 )
             }
+            | {"final_metrics": final}
         )
     elif detail["status"] == "succeeded":
         typer.echo(f"run {detail['id']} succeeded  {detail['final_fingerprint']}")
+        if final:
+            typer.echo(f"epoch {final.get('epoch')}  {metrics_line(final)}")
         if detail.get("verdict_report"):
             typer.echo(
                 f"verdict vs run {detail['reference_run_id']}: {describe(detail['verdict_report'])}"
@@ -110,6 +129,8 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an experiment spec (YAML or JSON) and print its run id."""
+    from worker.node.api_errors import ApiError
+
     text = spec.read_text()
     content_type = "application/json" if spec.suffix.lower() == ".json" else "application/yaml"
     client = api_client(api, token)
@@ -152,6 +173,8 @@ def rerun(
     as_json: JsonFlag = False,
 ) -> None:
     """Rerun a run by id; with --wait, print the verdict (exit 1 unless identical)."""
+    from worker.node.api_errors import ApiError
+
     client = api_client(api, token)
     try:
         new = client.rerun(run_id)
@@ -174,6 +197,7 @@ def status(
 ) -> None:
     """Show one run, or a table of recent runs (read a page at a time, by cursor)."""
     from worker.compare.verdict import describe
+    from worker.node.api_errors import ApiError
 
     client = api_client(api, token)
     try:
@@ -206,19 +230,24 @@ def status(
     if as_json:
         emit_json(page)
         return
-    table = Table("run", "experiment", "status", "attempt", "verdict", "fingerprint")
-    for r in page["items"]:
-        table.add_row(
-            str(r["id"]),
-            str(r["experiment_id"]),
-            r["status"],
-            str(r["attempt"]),
-            r["verdict"] or ("reference" if r["is_reference"] else ""),
-            (r["final_fingerprint"] or "")[:23],
-        )
-    err.print(table)
+    from rich.table import Table
+
+    def make(fingerprints: list[str]) -> Table:
+        table = Table("run", "experiment", "status", "attempt", "verdict", "fingerprint")
+        for r, fingerprint in zip(page["items"], fingerprints, strict=True):
+            table.add_row(
+                str(r["id"]),
+                str(r["experiment_id"]),
+                r["status"],
+                str(r["attempt"]),
+                r["verdict"] or ("reference" if r["is_reference"] else ""),
+                fingerprint,
+            )
+        return table
+
+    print_table(make, [r["final_fingerprint"] or "" for r in page["items"]], shortest=23)
     more = " (more: raise --limit, or --limit 0 for all)" if page["next_cursor"] else ""
-    err.print(f"{len(page['items'])} runs{more}")
+    err.print(f"{len(page['items'])} runs{more}", highlight=False)
 
 
 def _runs(client: ApiClient, limit: int) -> dict[str, Any]:
@@ -280,6 +309,7 @@ def compare(
     # Imported here: the report code needs NumPy, which no other command should wait for.
     from service.cli.local import verdict as file_verdict
     from service.cli.report import print_report
+    from worker.node.api_errors import ApiError
     from worker.result import read_result
 
     if Path(a).is_file() and Path(b).is_file():
@@ -330,6 +360,8 @@ def audit_copies(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a reproducibility audit (submit --copies N); exit 0 only if all copies agree."""
+    from worker.node.api_errors import ApiError
+
     client = api_client(api, token)
     try:
         raise typer.Exit(_show_audit(client, audit_id, wait=wait, as_json=as_json, timeout=timeout))
@@ -367,4 +399,4 @@ def _show_audit(
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
     for command in (submit, rerun, status, compare, audit_copies):
-        app.command()(command)
+        app.command(cls=Command)(command)

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.cli.output import DEFAULT_API, ApiOption, TokenOption, err
-from service.config import Settings
+from service.cli.output import DEFAULT_API, ApiOption, Command, Group, TokenOption, err
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: `repro --help` should not wait for them
     import uvicorn
     from fastapi import FastAPI
 
+    from service.config import Settings
     from worker.node.agent import Agent
 
 DataDirOption = Annotated[
@@ -100,6 +100,8 @@ def _configure_logging() -> None:
 
 
 def _settings(data_dir: Path | None, database_url: str | None, **more: Any) -> Settings:
+    from service.config import Settings
+
     overrides: dict[str, Any] = {k: v for k, v in more.items() if v is not None}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
@@ -384,21 +386,21 @@ def worker(
         raise typer.Exit(2) from None
 
 
-db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
+db_app = typer.Typer(cls=Group, help="Database maintenance.", no_args_is_help=True)
 
 
-@db_app.command("upgrade")
+@db_app.command("upgrade", cls=Command)
 def db_upgrade(data_dir: DataDirOption = None, database_url: DatabaseOption = None) -> None:
     """Apply all migrations to the database."""
     from service.persistence.migrate import upgrade
 
     settings = _settings(data_dir, database_url)
     upgrade(settings.resolved_database_url)
-    err.print(f"database at head: {settings.resolved_database_url.split('@')[-1]}")
+    typer.echo(f"database at head: {settings.resolved_database_url.split('@')[-1]}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    app.command()(serve)
-    app.command()(worker)
+    app.command(cls=Command)(serve)
+    app.command(cls=Command)(worker)
     app.add_typer(db_app, name="db")

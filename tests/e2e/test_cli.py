@@ -92,7 +92,7 @@ def test_submit_wait_and_rerun_wait_against_a_service(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stderr
         assert f"verdict vs run {first['id']}: identical" in again.stdout
         table = repro("status", *api, cwd=tmp_path)
-        assert table.returncode == 0 and "identical" in table.stderr
+        assert table.returncode == 0 and "identical" in table.stdout
         ids = sorted(
             r["id"]
             for r in json.loads(repro("status", "--json", *api, cwd=tmp_path).stdout)["items"]

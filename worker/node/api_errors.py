@@ -16,12 +16,17 @@ class ApiError(Exception):
     """The API answered with an error."""
 
     def __init__(
-        self, status_code: int | None, detail: Any, retry_after: float | None = None
+        self,
+        status_code: int | None,
+        detail: Any,
+        retry_after: float | None = None,
+        errors: list[Any] | None = None,
     ) -> None:
         super().__init__(status_code, detail)
         self.status_code = status_code
         self.detail = detail
         self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After)
+        self.errors = errors or []  # the answer's field errors ({"loc", "msg"}), if it had any
 
     @property
     def retryable(self) -> bool:
@@ -57,12 +62,16 @@ def file_sha256(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _detail(response: httpx.Response) -> Any:
+def _detail(response: httpx.Response) -> tuple[Any, list[Any]]:
+    """The answer's reason, and its field errors where it lists them."""
     try:
         body = response.json()
     except ValueError:
-        return response.text or response.reason_phrase
-    return body.get("detail", body) if isinstance(body, dict) else body
+        return response.text or response.reason_phrase, []
+    if not isinstance(body, dict):
+        return body, []
+    errors = body.get("errors")
+    return body.get("detail", body), errors if isinstance(errors, list) else []
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -76,4 +85,5 @@ def _retry_after(response: httpx.Response) -> float | None:
 def error_from(response: httpx.Response, *, lease: bool) -> ApiError:
     """The error of a non-2xx answer (LeaseLost for a 409 to a report about a held run)."""
     cls = LeaseLost if lease and response.status_code == 409 else ApiError
-    return cls(response.status_code, _detail(response), _retry_after(response))
+    detail, errors = _detail(response)
+    return cls(response.status_code, detail, _retry_after(response), errors)

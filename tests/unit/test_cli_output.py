@@ -1,0 +1,63 @@
+"""The `repro` command line without a server: its help, its start-up and spec validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from service.cli.output import unique_prefixes
+from tests.cli_runner import repro
+from tests.integration.jobs import REPO, blobs_spec, write_spec
+
+
+def test_help_shows_flags_without_a_value_type() -> None:
+    for args in (["--help"], ["submit", "--help"], ["dataset", "list", "--help"]):
+        shown = repro(*args, env={"COLUMNS": "100"})
+        assert shown.returncode == 0, shown.stderr
+        assert "--help" in shown.stdout
+        assert "<bool>" not in shown.stdout
+
+
+def test_the_command_line_starts_without_the_http_client_or_pydantic() -> None:
+    # What `repro --help` loads: the commands import their heavy modules when they run.
+    probe = (
+        "import sys; import service.cli.app; "
+        "print(sorted(m for m in ('httpx', 'pydantic', 'worker.spec', 'service.config') "
+        "if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "[]"
+
+
+def test_validate_suggests_the_field_meant_and_states_each_problem_once(tmp_path: Path) -> None:
+    spec = blobs_spec()
+    spec["dataset"]["batch_sise"] = spec["dataset"].pop("batch_size")
+    path = write_spec(spec, tmp_path, "typo.json")
+    done = repro("validate", str(path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "(did you mean dataset.batch_size?)" in done.stderr
+    assert "invalid: invalid spec" not in done.stderr
+    as_json = repro("validate", str(path), "--json", cwd=tmp_path)
+    errors = json.loads(as_json.stdout)["errors"]
+    assert {"loc": "dataset.batch_sise", "suggestion": "dataset.batch_size"}.items() <= next(
+        e for e in errors if e["loc"] == "dataset.batch_sise"
+    ).items()
+
+
+def test_a_yaml_error_names_the_file_on_one_line(tmp_path: Path) -> None:
+    path = write_spec("name: x\ndataset: [1,\n", tmp_path, "a-rather-long-spec-file-name.yaml")
+    done = repro("validate", str(path), cwd=tmp_path, env={"COLUMNS": "80"})
+    assert done.returncode == 2
+    assert f'in "{path}", line 3' in done.stderr
+    assert "<byte string>" not in done.stderr
+
+
+def test_unique_prefixes_tell_apart_what_is_shown() -> None:
+    a, b = "sha256:c52889ce1a48" + "0" * 52, "sha256:c52889ce1a48" + "1" * 52
+    assert unique_prefixes([a, b], shortest=19) == [a[:20] + "…", b[:20] + "…"]
+    assert unique_prefixes([a, a], shortest=19) == [a[:19] + "…"] * 2
+    assert unique_prefixes(["short"], shortest=19) == ["short"]
