@@ -319,3 +319,23 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     path = Path(path)
     fmt: Literal["json", "yaml"] = "json" if path.suffix.lower() == ".json" else "yaml"
     return parse_spec_text(path.read_bytes(), fmt=fmt)
+
+
+def held_out_warnings(spec: ExperimentSpec) -> list[str]:
+    """A warning when the `arrays` generator holds rows out for evaluation and no evaluation
+    batch ever reads them: a fraction of the dataset trains nothing and measures nothing.
+
+    A warning, not an error: such specs stayed valid and keep their hashes.
+    """
+    ds = spec.dataset
+    fraction = ds.params.get("eval_fraction")
+    if ds.generator != "arrays" or ds.eval_batches or isinstance(fraction, bool):
+        return []
+    if not isinstance(fraction, int | float) or not 0 < fraction < 1:
+        return []
+    return [
+        f"dataset.params.eval_fraction is {fraction} but dataset.eval_batches is 0: about "
+        f"{fraction:.0%} of the dataset's rows are held out from training and never evaluated. "
+        "Set dataset.eval_batches (batches of dataset.batch_size read from the held-out rows) "
+        "to evaluate on them, or eval_fraction to 0 to train on every row."
+    ]

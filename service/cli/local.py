@@ -118,7 +118,9 @@ XLA_CHANGES_DATA = (
 
 def spec_warnings(spec: ExperimentSpec) -> list[str]:
     """What a valid spec does that its author may not expect."""
-    return [XLA_CHANGES_DATA] if spec.dataset.xla else []
+    from worker.spec import held_out_warnings
+
+    return [*([XLA_CHANGES_DATA] if spec.dataset.xla else []), *held_out_warnings(spec)]
 
 
 def _run_with_progress(

@@ -159,6 +159,7 @@ def record_of(
         data={int(d["epoch"]): d["fingerprint"] for d in run.data_fingerprints or []},
         provenance={**(run.provenance or {}), **_worker_facts(db, run)},
         warnings=list(summary.get("warnings") or []),
+        eval_data=summary.get("eval_data_fingerprint"),
         variables_at=_variables_loader(db=db, run_id=run.id),
         checkpoint_epochs=sorted(checkpoints),
         read_checkpoint=_checkpoint_reader(

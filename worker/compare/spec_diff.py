@@ -68,3 +68,37 @@ def why_it_matters(diff: Sequence[Mapping[str, Any]]) -> str | None:
         if d["path"] in _WHY:
             return f"{d['path']}: {_WHY[d['path']]}"
     return None
+
+
+# Provenance fields a job records from its spec and its data rather than from the machine:
+# another value means other training input or another computation, so a difference changes
+# results whatever the environment (first match wins; a prefix ending in "." covers a section).
+_FROM_SPEC: tuple[tuple[str, str], ...] = (
+    ("dataset.digest", "another dataset: the rows training reads may differ"),
+    ("dataset.", "another dataset: its arrays differ"),
+    ("seed", "another seed draws other initial weights and data"),
+    ("seed.", "another seed draws other initial weights and data"),
+    ("spec_hash", "another spec: the data or the computation may differ"),
+)
+
+
+def _from_spec(field: str) -> str | None:
+    for prefix, why in _FROM_SPEC:
+        if field == prefix or (prefix.endswith(".") and field.startswith(prefix)):
+            return why
+    return None
+
+
+def classify_provenance(diff: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The provenance diff with the fields recorded from the spec or the data (dataset
+    digest and arrays, seed, spec hash) flagged as changing results, those first."""
+    rows = []
+    for d in diff:
+        why = _from_spec(str(d["field"]))
+        rows.append({**d, "breaks_reproducibility": True, "why": why} if why else dict(d))
+    return sorted(rows, key=lambda e: (not e["breaks_reproducibility"], e["field"]))
+
+
+def is_from_spec(field: str) -> bool:
+    """Whether a provenance field is recorded from the spec or the data, not the machine."""
+    return _from_spec(field) is not None

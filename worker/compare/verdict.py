@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 
 from worker.compare.numeric_diff import array_difference
-from worker.compare.spec_diff import describe_spec_diff, diff_specs, why_it_matters
+from worker.compare.spec_diff import (
+    classify_provenance,
+    describe_spec_diff,
+    diff_specs,
+    is_from_spec,
+    why_it_matters,
+)
 from worker.errors import CheckpointError, CheckpointRefused
 from worker.record.checkpoint import checkpoint_epoch, read_variables
 from worker.record.environment_capture import unlisted_variables
@@ -47,6 +53,8 @@ class RunRecord:
     read_checkpoint: CheckpointReader | None = None
     # The resolved spec: runs of different specs are compared with their spec diff.
     spec: Mapping[str, Any] | None = None
+    # The fingerprint of the evaluation batches (None: not evaluated, or not known).
+    eval_data: str | None = None
 
 
 def _moment(p: TracePoint) -> dict[str, Any]:
@@ -62,7 +70,7 @@ def _incomparable(
     reason: str, a: RunRecord, b: RunRecord, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     report: dict[str, Any] = {"verdict": "incomparable", "reason": reason, **(extra or {})}
-    report["provenance_diff"] = diff_provenance(a.provenance, b.provenance)
+    report["provenance_diff"] = classify_provenance(diff_provenance(a.provenance, b.provenance))
     report["explanation"] = f"The runs cannot be compared: {reason}."
     if report.get("spec_diff"):
         report["explanation"] += " " + describe_spec_diff(report["spec_diff"])
@@ -140,7 +148,7 @@ def build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     if not located.common:
         extra = {"spec_diff": spec_diff}
         return _incomparable("the runs have no trace point in common", a, b, extra)
-    provenance = diff_provenance(a.provenance, b.provenance)
+    provenance = classify_provenance(diff_provenance(a.provenance, b.provenance))
     shared_data = [e for e in a.data if e in b.data] if across else list(a.data)
     differing_data = sorted(e for e in shared_data if b.data.get(e) != a.data[e])
     base = {
@@ -159,7 +167,9 @@ def build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
         and a.final_fingerprint == b.final_fingerprint
     ):
         report = {"verdict": "identical", "fingerprint": a.final_fingerprint, **base}
-        report["explanation"] = _explain_identical(report, located)
+        datasets = _dataset_sentence(a, b, report)
+        explanation = _explain_identical(report, located)
+        report["explanation"] = f"{explanation} {datasets}" if datasets else explanation
         return report
     if located.first is None:
         reason = (
@@ -262,7 +272,14 @@ def _explain_identical(report: Mapping[str, Any], located: Located) -> str:
     if report.get("spec_diff"):
         spec = describe_spec_diff(report["spec_diff"])
         text = f"{spec} Even so, t{text[1:]}"
-    breaking = [d["field"] for d in report["provenance_diff"] if d["breaks_reproducibility"]]
+    # Fields recorded from the spec (dataset, seed, spec hash) are told by the spec diff,
+    # when there is one.
+    told = bool(report.get("spec_diff"))
+    breaking = [
+        d["field"]
+        for d in report["provenance_diff"]
+        if d["breaks_reproducibility"] and not (told and is_from_spec(d["field"]))
+    ]
     if breaking:
         text += (
             f" Their environments differ in {', '.join(breaking[:_SHOWN_FIELDS])}"
@@ -270,6 +287,41 @@ def _explain_identical(report: Mapping[str, Any], located: Located) -> str:
             "the result here."
         )
     return text
+
+
+def dataset_digest(record: RunRecord) -> str | None:
+    """The digest of the stored dataset a run trained on, from its provenance or its spec."""
+    recorded = record.provenance.get("dataset")
+    if isinstance(recorded, Mapping) and recorded.get("digest"):
+        return str(recorded["digest"])
+    named = (record.spec or {}).get("dataset")
+    return str(named["data"]) if isinstance(named, Mapping) and named.get("data") else None
+
+
+def _eval_batches(record: RunRecord) -> int | None:
+    named = (record.spec or {}).get("dataset")
+    value = named.get("eval_batches", 0) if isinstance(named, Mapping) else None
+    return value if isinstance(value, int) else None
+
+
+def _dataset_sentence(a: RunRecord, b: RunRecord, report: Mapping[str, Any]) -> str | None:
+    """When the runs' datasets differ but every training batch was equal: the datasets
+    differ only in rows training never read; and whether the evaluation stream differs."""
+    digest_a, digest_b = dataset_digest(a), dataset_digest(b)
+    if not digest_a or not digest_b or digest_a == digest_b:
+        return None
+    if report["data_epochs_differing"] or not report["data_epochs_equal"]:
+        return None
+    text = (
+        f"The datasets differ ({digest_a} vs {digest_b}) only in rows training never read "
+        f"(equal training data fingerprints in all {len(report['data_epochs_equal'])} epochs); "
+    )
+    if a.eval_data and b.eval_data:
+        equal = a.eval_data == b.eval_data
+        return text + f"the evaluation data {'is equal' if equal else 'differs'}."
+    if _eval_batches(a) == 0 and _eval_batches(b) == 0:
+        return text + "neither run evaluated, so those rows were never read at all."
+    return text + "the evaluation data fingerprints were not recorded by both runs."
 
 
 def _explain_diverged(r: Mapping[str, Any]) -> str:
@@ -372,4 +424,5 @@ def record_from_result(result: JobResult, label: str) -> RunRecord:
         checkpoint_epochs=sorted(checkpoints),
         read_checkpoint=read,
         spec=result.spec,
+        eval_data=result.eval_data_fingerprint,
     )
