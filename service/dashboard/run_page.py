@@ -3,9 +3,9 @@ the family reference, curves, live progress, error, artifacts; Rerun, Cancel, Au
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,16 +28,33 @@ from worker.spec import ExperimentSpec
 router = APIRouter(route_class=PageRoute)
 
 
+# What a page says it shows (see `state`): letters, digits and dashes.
+ShownState = Annotated[str, Query(max_length=80, pattern=r"^[a-z0-9-]*$")]
+
+
+def epochs_done(progress: dict[str, Any], epochs: int) -> float:
+    """Epochs done as of the worker's latest progress event, counting a part-done epoch."""
+    epoch = finite(progress.get("epoch")) or 0.0
+    event = progress.get("event")
+    if event == "finished" and progress.get("status") == "succeeded":
+        return float(epochs)  # trained; the worker is reporting the result
+    if event == "epoch_start":
+        epoch -= 1
+    elif event == "step":  # inside `epoch`: its batches so far count as part of it
+        batch, batches = finite(progress.get("batch")), finite(progress.get("batches"))
+        share = batch / batches if batch is not None and batches else 0.0
+        epoch -= 1 - min(max(share, 0.0), 1.0)
+    return min(max(epoch, 0.0), float(epochs))
+
+
 def live_context(db: Session, run_id: int) -> dict[str, Any]:
     """What the live part of the run page shows: status, progress, fingerprint, verdict."""
     run = svc.get_run(db, run_id)
     [row] = run_rows.rows_of(db, [(run, run.experiment)])
     progress = run.progress if isinstance(run.progress, dict) else {}
     epochs = int(run.experiment.spec.get("training", {}).get("epochs") or 0)
-    done = min(max(finite(progress.get("epoch")) or 0.0, 0.0), float(epochs))
-    if progress.get("event") == "epoch_start":
-        done = max(done - 1, 0)
-    bar = charts.progress_bar(done, epochs) if run.status == "running" else ""
+    running = run.status == "running"
+    bar = charts.progress_bar(epochs_done(progress, epochs), epochs) if running else ""
     return {
         "row": row,
         "run": run,
@@ -45,6 +62,29 @@ def live_context(db: Session, run_id: int) -> dict[str, Any]:
         "epochs": epochs,
         "bar": svg(bar),
         "max_polls": MAX_POLLS,
+        "state": state(run.status, row.badge.kind, run.attempt),
+    }
+
+
+def state(status: str, badge: str | None, attempt: int) -> str:
+    """What changes the whole page rather than its live strip: the status, the verdict badge
+    (a finished run's may settle later), the attempt (a retry clears the last one's record)."""
+    return f"{status}-{badge or 'none'}-{attempt}"
+
+
+def page_context(db: Session, live: dict[str, Any]) -> dict[str, Any]:
+    """Everything the run page shows, around what its live part shows (`live_context`)."""
+    run = live["run"]
+    files = db.scalars(
+        select(Artifact).where(Artifact.run_id == run.id).order_by(Artifact.kind, Artifact.id)
+    ).all()
+    return {
+        **live,
+        **provenance_view.provenance_context(db=db, run=run),
+        "worker": db.get(Worker, run.worker_id) if run.worker_id is not None else None,
+        "verdict": db.scalar(select(Verdict).where(Verdict.run_id == run.id)),
+        "files": files,
+        "max_copies": MAX_AUDIT_COPIES,
     }
 
 
@@ -53,35 +93,35 @@ def run_page(
     request: Request, run_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
 ) -> HTMLResponse:
     """Everything recorded about one run."""
-    live = live_context(db, run_id)
-    run = live["run"]
-    provenance = provenance_view.provenance_context(db=db, run=run)
-    verdict = db.scalar(select(Verdict).where(Verdict.run_id == run.id))
-    worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
-    files = db.scalars(
-        select(Artifact).where(Artifact.run_id == run.id).order_by(Artifact.kind, Artifact.id)
-    ).all()
-    return render(
-        request,
-        "run.html",
-        viewer,
-        **live,
-        **provenance,
-        worker=worker,
-        verdict=verdict,
-        files=files,
-        max_copies=MAX_AUDIT_COPIES,
-    )
+    return render(request, "run.html", viewer, **page_context(db, live_context(db, run_id)))
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
 def run_live(
-    request: Request, run_id: IdPath, viewer: ViewerDep, db: ReadSessionDep, n: PollCount = 0
+    request: Request,
+    run_id: IdPath,
+    viewer: ViewerDep,
+    db: ReadSessionDep,
+    n: PollCount = 0,
+    shown: ShownState = "",
 ) -> HTMLResponse:
-    """The live part of the run page; polling stops once the run and its badge are final."""
-    return render(
-        request, "run_live.html", viewer, live_refresh=True, n=n + 1, **live_context(db, run_id)
-    )
+    """The live part of the run page; polling stops once the run and its badge are final.
+
+    When the page shows another state than the run's (it started, finished, got its verdict)
+    the answer is the whole page content, swapped into <main>: the summary, trace, curves
+    and actions change with the state, not only the live strip.
+    """
+    live = live_context(db, run_id)
+    if shown and shown != live["state"]:
+        return render(
+            request,
+            "run_main.html",
+            viewer,
+            headers={"HX-Retarget": "main", "HX-Reswap": "innerHTML"},
+            n=n + 1,
+            **page_context(db, live),
+        )
+    return render(request, "run_live.html", viewer, live_refresh=True, n=n + 1, **live)
 
 
 @router.get("/runs/{run_id}/artifacts/{artifact_id}")

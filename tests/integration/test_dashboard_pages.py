@@ -152,6 +152,33 @@ def test_runs_page_shows_every_verdict_badge_and_running_rows_poll(
     assert "hx-trigger" not in late_run and "Live updates paused" in late_run
 
 
+def test_a_live_run_page_gets_its_whole_content_when_the_run_changes_state(
+    world: World, browser: AsgiBrowser, app: Any
+) -> None:
+    logged_in(browser, world.admin_token)
+    page = browser.get(f"/runs/{world.running}").text
+    shown = re.search(r"hx-vals='\{\"shown\": \"([a-z0-9-]+)\"\}'", page)
+    assert shown is not None, page
+    state = shown.group(1)
+    assert state.startswith("running-")
+    assert "epoch 1 of 3" in page and "Cancel" in page
+    same = browser.get(f"/runs/{world.running}/live", params={"shown": state})
+    assert "HX-Retarget" not in same.headers and same.text.lstrip().startswith("<div")
+    with app.state.sessionmaker() as db:
+        run = db.get(Run, world.running)
+        worker = db.scalar(select(Worker).where(Worker.name == world.worker))
+        assert run is not None and worker is not None
+        dashboard_world.finish(db, run, worker)
+    changed = browser.get(f"/runs/{world.running}/live", params={"shown": state})
+    assert changed.headers["HX-Retarget"] == "main"
+    assert changed.headers["HX-Reswap"] == "innerHTML"
+    strict_parse(changed.text, container="main")
+    assert run.final_fingerprint is not None and run.final_fingerprint in changed.text
+    assert "no trace yet" not in changed.text and "/cancel" not in changed.text
+    assert "hx-trigger" not in changed.text  # final: nothing left to poll
+    assert browser.get(f"/runs/{world.running}/live?shown=x%22").status_code == 422
+
+
 def test_a_copy_that_finished_first_stays_live_until_the_older_one_decides_its_verdict(
     world: World, browser: AsgiBrowser, app: Any
 ) -> None:
