@@ -3,13 +3,18 @@ directory of whoever runs the tests, and a parallel run starts its longest tests
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
+ROOT = Path(__file__).resolve().parent.parent
 SLOW_FIRST = Path(__file__).with_name("slow_first.txt")
 
 _DATA_DIR = "REPRO_DATA_DIR"
@@ -50,17 +55,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Longest first, so the test processes of a parallel run finish close together instead
     # of one running a ten-minute test at the end; the rest keep their order.
     rank = {nodeid: i for i, nodeid in enumerate(_slow_first())}
     items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        for item in items:
-            module = _module_of_shared_fixture(item)
-            if module is not None:
-                item.add_marker(pytest.mark.xdist_group(module))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Tests one by one, but a module's together where they share a module's fixture."""
+    return _ModuleGroups(config, log)
 
 
 def _slow_first() -> list[str]:
@@ -68,13 +72,21 @@ def _slow_first() -> list[str]:
     return [line.split()[0] for line in lines if line.strip() and not line.startswith("#")]
 
 
-def _module_of_shared_fixture(item: pytest.Item) -> str | None:
-    """The test's module when it uses a fixture built once per module (or class): those
-    tests run in one test process, so the fixture is built once, not once in each."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for definitions in info.name2fixturedefs.values():
-        if definitions and definitions[-1].scope in ("module", "class", "package"):
-            return item.nodeid.split("::", 1)[0]
-    return None
+_SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope=["'](module|class|package)["']""")
+
+
+@functools.cache
+def _shares_a_fixture(module: str) -> bool:
+    """Whether a test module defines a fixture built once per module (or class)."""
+    path = ROOT / module
+    return path.suffix == ".py" and bool(_SHARED_FIXTURE.search(path.read_text()))
+
+
+class _ModuleGroups(LoadScopeScheduling):
+    """A module whose tests share a fixture runs in one test process, so the fixture is built
+    once (and a test may count what the others did); every other test is a unit of its own.
+    The units go out in collection order, longest first."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return module if _shares_a_fixture(module) else nodeid

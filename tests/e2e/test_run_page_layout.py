@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -220,7 +221,10 @@ def test_a_large_run_record_fits_the_window(tmp_path: Path, browser: Any) -> Non
 
 
 def _summary_cell(page: Any, label: str) -> Any:
-    return page.locator("table.kv tr", has=page.locator("th", has_text=label)).locator("td")
+    # The summary comes first; provenance groups further down hold rows such as
+    # "worker.name", which a substring match would also find.
+    header = page.locator("th", has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
+    return page.locator("table.kv tr", has=header).locator("td").first
 
 
 def test_a_live_run_page_shows_the_finished_record_without_a_reload(
@@ -252,9 +256,10 @@ def test_a_live_run_page_shows_the_finished_record_without_a_reload(
             assert page.locator("form[action$='/cancel']").count() == 0
             assert page.locator("svg.chart").count() >= 1
             assert loads == []  # all of it came through the live updates
-            # Progress advanced through the epochs rather than jumping from 0 to the end.
+            # Progress advanced before the end rather than jumping from 0 to it (the worker
+            # reports about once a second: on a loaded machine epochs pass between reports).
             middle = {s for s in seen if 0 < s < EPOCHS}
-            assert len(middle) >= 2, seen
+            assert middle, seen
         except AssertionError:
             page.screenshot(path=str(tmp_path / "live-run.png"), full_page=True)
             raise

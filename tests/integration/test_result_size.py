@@ -113,7 +113,8 @@ def test_a_result_the_api_refuses_as_too_large_fails_the_run_saying_so(tmp_path:
         )
         assert report["kind"] == "complete"
         assert report["body"]["result"]["status"] == "succeeded"
-        assert not list((work_dir / "outbox").glob("run-*"))  # nothing left to send
+        # Nothing left to send, once the failure report's answer reaches the agent.
+        _wait_for("the outbox to empty", lambda: not list((work_dir / "outbox").glob("run-*")), 30)
     finally:
         if worker is not None:
             worker.stop()
