@@ -18,29 +18,17 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.browser import ARGS, CHROMIUM, playwright_or_skip
 from tests.integration.jobs import REPO, job_env
 from tests.integration.service_procs import Service, WorkerProc
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 PERTURB = "REPRO_TEST_PERTURB"
 TARGET = "model/hidden/kernel"
 README_SHOTS = REPO / "examples" / "screenshots"
 
-if not CHROMIUM.exists():
-    pytest.skip("Debian's chromium is not installed (.ci/browser-deps.sh)", allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (.ci/browser-deps.sh)"
-)
+sync_api = playwright_or_skip()
 
 
 def perturbed_spec() -> dict[str, Any]:

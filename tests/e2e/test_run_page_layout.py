@@ -20,21 +20,13 @@ from service.persistence.engine import make_engine
 from service.persistence.models import Run, TracePointRow, Worker, utcnow
 from service.runs.experiments import create_experiment
 from service.verification import verdicts
+from tests.e2e.browser import ARGS, CHROMIUM, playwright_or_skip
 from tests.integration import dashboard_world
 from tests.integration.service_procs import Service
 from worker.spec import ExperimentSpec
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 WIDTHS = (1280, 1400, 1920)  # 1400: where the report saw it
 MAX_HEIGHT = 15_000  # px: the whole record of the run below, with room to spare
 MIN_COLUMN = 60  # px: no cell with text is narrower
@@ -42,11 +34,7 @@ ENV_VARS = 50
 TRACE_VARIABLES = 200
 EPOCHS = 10
 
-if not CHROMIUM.exists():
-    pytest.skip("Debian's chromium is not installed (.ci/browser-deps.sh)", allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (.ci/browser-deps.sh)"
-)
+sync_api = playwright_or_skip()
 
 # Everything the layout test asks of the page, measured in the page.
 MEASURE = """() => {
