@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -37,6 +46,9 @@ class Experiment(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     request_hash: Mapped[str | None] = mapped_column(String(80))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The spec's model definition and code bundle digests: "which runs used it" by index.
+    model_digest: Mapped[str | None] = mapped_column(String(80), index=True)
+    code_digest: Mapped[str | None] = mapped_column(String(80), index=True)
 
     runs: Mapped[list[Run]] = relationship(back_populates="experiment", order_by="Run.id")
 
@@ -95,6 +107,8 @@ class Worker(Base):
     gpus: Mapped[int] = mapped_column(default=0, server_default="0")
     cpu_devices: Mapped[int | None]
     devices: Mapped[int] = mapped_column(default=1, server_default="1")
+    # The worker runs code bundles (a sandboxed executor, or an operator's explicit opt-in).
+    accepts_code: Mapped[bool] = mapped_column(default=False, server_default=false())
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -146,6 +160,8 @@ class Run(Base):
     replicas: Mapped[int] = mapped_column(default=1, server_default="1")
     # The global step of the checkpoint the finishing attempt resumed from (None: from scratch).
     resumed_from_step: Mapped[int | None]
+    # The spec names a code bundle: only a worker that accepts code may claim the run.
+    needs_code: Mapped[bool] = mapped_column(default=False, server_default=false())
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(
@@ -249,3 +265,46 @@ class Dataset(Base):
     )
     pushed_by: Mapped[str] = mapped_column(String(200))  # the token's name, kept if revoked
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class _Pushed:
+    """Columns of a file a user pushed once and the server stores by content digest."""
+
+    storage_url: Mapped[str] = mapped_column(Text)
+    pushed_by: Mapped[str] = mapped_column(String(200))  # the token's name, kept if revoked
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+class ModelDefinition(_Pushed, Base):
+    """A Keras model architecture, checked against the allow-list and stored by digest."""
+
+    __tablename__ = "model_definitions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), unique=True)  # "sha256:<hex>"
+    name: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[str] = mapped_column(String(40))  # "keras_json" or "keras_archive"
+    layer_count: Mapped[int]
+    parameter_count: Mapped[int] = mapped_column(BigInteger)
+    layers: Mapped[list[Any]]  # [{"path", "class_name", ...}], as the checker found them
+    pushed_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", name="fk_model_definitions_pushed_by_id")
+    )
+
+
+class CodeBundle(_Pushed, Base):
+    """A wheel of user code (layers, generators, losses), stored by digest."""
+
+    __tablename__ = "code_bundles"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(80), unique=True)  # "sha256:<hex>"
+    name: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(BigInteger)
+    wheel_filename: Mapped[str] = mapped_column(String(300))
+    files: Mapped[list[Any]]  # [{"path", "sha256", "size"}], the wheel's manifest
+    entry_points: Mapped[list[Any]]  # [{"group", "name", "value"}]
+    pushed_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", name="fk_code_bundles_pushed_by_id")
+    )
