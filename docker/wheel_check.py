@@ -3,6 +3,11 @@
 setuptools puts only the files `package-data` names next to the Python modules, so a new
 template or static asset that pyproject.toml does not list would silently be missing from
 the image while an editable install (every developer's) still has it.
+
+    wheel_check.py SRC WHEEL_DIR PACKAGE... [NAME=DIR...]
+
+NAME=DIR is a package installed under another name than its directory (pyproject.toml's
+`package-dir`): the files of SRC/DIR are expected under NAME/ in the wheel, not under DIR/.
 """
 
 from __future__ import annotations
@@ -16,18 +21,25 @@ _SKIP_SUFFIXES = {".pyc", ".pyo"}
 
 
 def missing_files(src: Path, wheel: Path, packages: list[str]) -> list[str]:
-    """Files under src/<package> that the wheel does not contain, as relative paths."""
+    """Files under src/<package> (or src/DIR for NAME=DIR) that the wheel does not contain,
+    as paths relative to src."""
     with zipfile.ZipFile(wheel) as zf:
         shipped = set(zf.namelist())
+    renamed = dict(p.split("=", 1)[::-1] for p in packages if "=" in p)  # DIR -> NAME
     missing = []
     for package in packages:
-        for path in sorted((src / package).rglob("*")):
+        directory = package.split("=", 1)[-1]
+        for path in sorted((src / directory).rglob("*")):
             if not path.is_file() or _SKIP_PARTS & set(path.parts):
                 continue
             if path.suffix in _SKIP_SUFFIXES:
                 continue
             rel = path.relative_to(src).as_posix()
-            if rel not in shipped:
+            owner = next((d for d in renamed if rel.startswith(d + "/")), None)
+            if owner is not None and owner != directory:
+                continue  # checked under its installed name
+            expected = renamed[owner] + rel[len(owner) :] if owner is not None else rel
+            if expected not in shipped:
                 missing.append(rel)
     return missing
 

@@ -13,11 +13,11 @@ from service.cli.output import (
     Group,
     JsonFlag,
     TokenOption,
-    api_client,
     api_error_exit,
     emit_json,
     err,
     out,
+    repro_client,
 )
 
 token_app = typer.Typer(
@@ -35,10 +35,12 @@ def create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a token; its secret is printed once and never again."""
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError
 
     try:
-        created = api_client(api, token).create_token(name, role, expires_in_days=expires_days)
+        created = (
+            repro_client(api, token).tokens.create(name, role, expires_in_days=expires_days).raw
+        )
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:
@@ -59,10 +61,10 @@ def list_(
     """Every token, without secrets."""
     from rich.table import Table
 
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError
 
     try:
-        tokens = api_client(api, token).tokens()
+        tokens = [t.raw for t in repro_client(api, token).tokens.list()]
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:
@@ -90,10 +92,10 @@ def revoke(
     as_json: JsonFlag = False,
 ) -> None:
     """Revoke a token at once."""
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError
 
     try:
-        revoked = api_client(api, token).revoke_token(token_id)
+        revoked = repro_client(api, token).tokens.revoke(token_id).raw
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:
@@ -112,10 +114,10 @@ def audit(
     """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
     from rich.table import Table
 
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError
 
     try:
-        page = api_client(api, token).audit(action=action, limit=limit)
+        page = repro_client(api, token).audit_log(action=action, limit=limit).raw
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from typer._click.core import Context, Parameter
 
-    from worker.node.client import ApiClient, ApiError
+    from reprotrain import ApiError, Client
 
 # Past this width nothing is hard-wrapped: a digest or a path stays on one line.
 _UNWRAPPED = 100_000
@@ -81,11 +81,11 @@ def resolve_token(token: str | None) -> str | None:
     return read_token_file(Settings().data_dir)
 
 
-def api_client(api: str, token: str | None) -> ApiClient:
-    """A client of the API with the given or the local token."""
-    from worker.node.client import ApiClient
+def repro_client(api: str, token: str | None) -> Client:
+    """The Python client of the API, with the given or the local token."""
+    from reprotrain import Client
 
-    return ApiClient(api, resolve_token(token))
+    return Client(api, resolve_token(token))
 
 
 def api_error_lines(exc: ApiError) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,39 +15,39 @@ from service.cli.output import (
     JsonFlag,
     TokenOption,
     TrainingBar,
-    api_client,
     api_error_exit,
     emit_json,
     err,
     metrics_line,
     print_table,
+    repro_client,
 )
 
 if TYPE_CHECKING:  # imported where used: `repro --help` should not wait for an HTTP client
-    from worker.node.client import ApiClient
+    from reprotrain import Client, Run
 
 WaitFlag = Annotated[bool, typer.Option("--wait", help="wait until the run finishes")]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
 _PAGE = 500  # runs per request when listing (the server's largest page)
 
 
-def _wait(client: ApiClient, run_id: int, *, quiet: bool, timeout: float | None) -> dict[str, Any]:
-    epochs = int(client.run(run_id)["spec"]["training"]["epochs"])
+def _wait(client: Client, run_id: int, *, quiet: bool, timeout: float | None) -> Run:
+    epochs = int((client.run(run_id).spec or {})["training"]["epochs"])
     with TrainingBar(f"run {run_id}", quiet=quiet, initial="queued") as bar:
 
-        def on_update(run: dict[str, Any]) -> None:
-            where = f"{run['status']} (attempt {run['attempt']})"
-            progress = run.get("progress")
-            if run["status"] == "succeeded":
+        def on_progress(run: Run) -> None:
+            where = f"{run.status} (attempt {run.attempt})"
+            progress = run.progress
+            if run.status == "succeeded":
                 # Every epoch is done, whichever event the worker reported last.
                 progress = {"event": "epoch_end", "epoch": epochs}
             bar.show_epochs(progress, epochs, otherwise=where)
 
-        return client.wait(run_id, timeout=timeout, on_update=on_update)
+        return client.wait(run_id, timeout=timeout, on_progress=on_progress)
 
 
 def _queued(
-    client: ApiClient,
+    client: Client,
     run_id: int,
     doc: dict[str, Any],
     line: str,
@@ -64,7 +63,7 @@ def _queued(
         else:
             typer.echo(line)
         return
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError, WaitTimeout
 
     if not as_json:
         typer.echo(line)
@@ -72,13 +71,16 @@ def _queued(
         code = _finished(client, _wait(client, run_id, quiet=as_json, timeout=timeout), as_json)
     except ApiError as exc:
         raise api_error_exit(exc) from None
+    except WaitTimeout as exc:
+        err.print(f"[red]gave up waiting:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
     raise typer.Exit(code)
 
 
-def _finished(client: ApiClient, run: dict[str, Any], as_json: bool) -> int:
+def _finished(client: Client, run: Run, as_json: bool) -> int:
     from worker.compare.verdict import describe
 
-    detail = client.run(run["id"])
+    detail = client.run(run.id).raw
     rows = detail.get("metrics") or []
     final: dict[str, Any] | None = rows[-1] if rows and isinstance(rows[-1], dict) else None
     if as_json:
@@ -129,39 +131,41 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an experiment spec (YAML or JSON) and print its run id."""
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError, SpecFileError
 
-    text = spec.read_text()
-    content_type = "application/json" if spec.suffix.lower() == ".json" else "application/yaml"
-    client = api_client(api, token)
+    client = repro_client(api, token)
     try:
-        # A retried submission (lost response) must not create a second experiment.
-        out = client.submit(
-            text,
-            content_type=content_type,
-            idempotency_key=uuid.uuid4().hex,
-            copies=copies if copies > 1 else None,
-        )
+        # Read here, so a malformed file is named; each submit carries an idempotency key,
+        # so a retried one (lost answer) creates no second experiment.
+        run = client.submit(spec, copies=copies if copies > 1 else None)
+    except SpecFileError as exc:
+        err.print("[red]invalid:[/red] ", end="")
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
     except ApiError as exc:
         raise api_error_exit(exc) from None
-    run, experiment = out["run"], out["experiment"]
+    for warning in run.warnings:
+        err.print("[yellow]warning:[/yellow] ", end="")
+        err.print(warning, markup=False, highlight=False)
+    answer = run.submit_answer or {}
+    experiment = answer["experiment"]
     line = (
-        f"experiment {experiment['id']}  run {run['id']}  seed {experiment['seed']}  "
+        f"experiment {experiment['id']}  run {run.id}  seed {experiment['seed']}  "
         f"{experiment['spec_hash']}"
     )
-    if out.get("audit_id") is not None:
+    if run.audit_id is not None:
         if not as_json:
-            typer.echo(f"{line}\naudit {out['audit_id']}: {copies} copies queued")
+            typer.echo(f"{line}\naudit {run.audit_id}: {copies} copies queued")
         elif not wait:
-            emit_json(out)
+            emit_json(answer)
         if not wait:
             return
         try:
-            code = _show_audit(client, out["audit_id"], wait=True, as_json=as_json, timeout=timeout)
+            code = _show_audit(client, run.audit_id, wait=True, as_json=as_json, timeout=timeout)
         except ApiError as exc:
             raise api_error_exit(exc) from None
         raise typer.Exit(code)
-    _queued(client, run["id"], out, line, wait=wait, as_json=as_json, timeout=timeout)
+    _queued(client, run.id, answer, line, wait=wait, as_json=as_json, timeout=timeout)
 
 
 def rerun(
@@ -173,15 +177,15 @@ def rerun(
     as_json: JsonFlag = False,
 ) -> None:
     """Rerun a run by id; with --wait, print the verdict (exit 1 unless identical)."""
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError
 
-    client = api_client(api, token)
+    client = repro_client(api, token)
     try:
         new = client.rerun(run_id)
     except ApiError as exc:
         raise api_error_exit(exc) from None
-    line = f"run {new['id']} queued (rerun of {run_id})"
-    _queued(client, new["id"], new, line, wait=wait, as_json=as_json, timeout=timeout)
+    line = f"run {new.id} queued (rerun of {run_id})"
+    _queued(client, new.id, new.raw, line, wait=wait, as_json=as_json, timeout=timeout)
 
 
 def status(
@@ -196,13 +200,13 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Show one run, or a table of recent runs (read a page at a time, by cursor)."""
+    from reprotrain import ApiError
     from worker.compare.verdict import describe
-    from worker.node.api_errors import ApiError
 
-    client = api_client(api, token)
+    client = repro_client(api, token)
     try:
         if run_id is not None:
-            detail = client.run(run_id)
+            detail = client.run(run_id).raw
             if as_json:
                 emit_json(detail)
                 return
@@ -250,22 +254,22 @@ def status(
     err.print(f"{len(page['items'])} runs{more}", highlight=False)
 
 
-def _runs(client: ApiClient, limit: int) -> dict[str, Any]:
+def _runs(client: Client, limit: int) -> dict[str, Any]:
     """Up to `limit` runs (0: all), newest first, following the server's page cursors:
     {"items": [...], "next_cursor": where to go on, or None}."""
     items: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
         want = _PAGE if limit == 0 else min(_PAGE, limit - len(items))
-        page = client.runs(limit=want, cursor=cursor)
-        items += page["items"]
-        cursor = page.get("next_cursor")
+        page = client.runs_page(limit=want, cursor=cursor)
+        items += [run.raw for run in page.items]
+        cursor = page.next_cursor
         if cursor is None or (limit and len(items) >= limit):
             return {"items": items, "next_cursor": cursor}
 
 
 def _wait_refinement(
-    client: ApiClient, refinement: dict[str, Any], *, quiet: bool, timeout: float | None
+    client: Client, refinement: dict[str, Any], *, quiet: bool, timeout: float | None
 ) -> dict[str, Any]:
     deadline = None if timeout is None else time.monotonic() + timeout
     shown: str | None = None
@@ -282,7 +286,7 @@ def _wait_refinement(
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"refinement {refinement['id']} unfinished after {timeout} s")
         time.sleep(1.0)
-        refinement = client.refinement(refinement["id"])
+        refinement = client.refinement(refinement["id"]).raw
     return refinement
 
 
@@ -307,9 +311,9 @@ def compare(
     the data or the computation diverged, and which environment fields differ.
     """
     # Imported here: the report code needs NumPy, which no other command should wait for.
+    from reprotrain import ApiError
     from service.cli.local import verdict as file_verdict
     from service.cli.report import print_report
-    from worker.node.api_errors import ApiError
     from worker.result import read_result
 
     if Path(a).is_file() and Path(b).is_file():
@@ -323,15 +327,15 @@ def compare(
         except ValueError:
             err.print(f"[red]not a run id or a result file:[/red] {a if not a.isdigit() else b}")
             raise typer.Exit(2) from None
-        client = api_client(api, token)
+        client = repro_client(api, token)
         try:
-            report = client.compare(*ids)
+            report = client.compare(*ids).raw
             if refine and report["verdict"] == "diverged":
                 if not as_json:
                     print_report(report)
                     typer.echo("")
                 refinement = _wait_refinement(
-                    client, client.refine(*ids), quiet=as_json, timeout=timeout
+                    client, client.refine(*ids).raw, quiet=as_json, timeout=timeout
                 )
                 if as_json:
                     emit_json({"comparison": report, "refinement": refinement})
@@ -360,9 +364,9 @@ def audit_copies(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a reproducibility audit (submit --copies N); exit 0 only if all copies agree."""
-    from worker.node.api_errors import ApiError
+    from reprotrain import ApiError
 
-    client = api_client(api, token)
+    client = repro_client(api, token)
     try:
         raise typer.Exit(_show_audit(client, audit_id, wait=wait, as_json=as_json, timeout=timeout))
     except ApiError as exc:
@@ -370,12 +374,12 @@ def audit_copies(
 
 
 def _show_audit(
-    client: ApiClient, audit_id: int, *, wait: bool, as_json: bool, timeout: float | None
+    client: Client, audit_id: int, *, wait: bool, as_json: bool, timeout: float | None
 ) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     shown: str | None = None
     while True:
-        doc = client.reproducibility_audit(audit_id)
+        doc = client.audit(audit_id).raw
         if doc["finished"] or not wait:
             break
         if not as_json and doc["summary"] != shown:

@@ -126,27 +126,23 @@ def _is_first_start(settings: Settings) -> bool:
 
 def _demo(api: str, token: str, spec: Path) -> None:
     """Submit the example, rerun it, and print the verdict (first start only)."""
+    from reprotrain import Client
     from worker.compare.verdict import describe
-    from worker.node.client import ApiClient
 
-    client = ApiClient(api, token)
-    out = client.submit(
-        spec.read_text(), content_type="application/yaml", idempotency_key="first-start-demo"
-    )
-    run_id = out["run"]["id"]
-    err.print(f"[bold]demo:[/bold] submitted {spec.name} as run {run_id}; training…")
-    first = client.wait(run_id, timeout=None)
-    if first["status"] != "succeeded":
-        err.print(f"[red]demo run {run_id} {first['status']}[/red]: {first.get('error')}")
-        return
-    rerun = client.rerun(run_id)
-    err.print(f"[bold]demo:[/bold] run {run_id} succeeded; rerun queued as run {rerun['id']}")
-    client.wait(rerun["id"], timeout=None)
-    detail = client.run(rerun["id"])
-    report = detail.get("verdict_report")
-    line = describe(report) if report else f"no verdict ({detail['status']})"
-    typer.echo(f"demo: run {rerun['id']} rerun of run {run_id}: verdict {line}", err=False)
-    err.print(f"[bold]demo:[/bold] see {api}/api/v1/runs/{rerun['id']}  (Ctrl-C to stop)")
+    with Client(api, token) as client:
+        first = client.submit(spec, idempotency_key="first-start-demo")
+        err.print(f"[bold]demo:[/bold] submitted {spec.name} as run {first.id}; training…")
+        first = first.wait()
+        if first.status != "succeeded":
+            err.print(f"[red]demo run {first.id} {first.status}[/red]: {first.error}")
+            return
+        rerun = first.rerun()
+        err.print(f"[bold]demo:[/bold] run {first.id} succeeded; rerun queued as run {rerun.id}")
+        done = rerun.wait()
+    report = done.raw.get("verdict_report")
+    line = describe(report) if report else f"no verdict ({done.status})"
+    typer.echo(f"demo: run {rerun.id} rerun of run {first.id}: verdict {line}", err=False)
+    err.print(f"[bold]demo:[/bold] see {api}/api/v1/runs/{rerun.id}  (Ctrl-C to stop)")
 
 
 def _bootstrap_tokens(settings: Settings, *, with_worker: bool) -> tuple[str | None, str | None]:
@@ -352,6 +348,13 @@ def worker(
     deadline: DeadlineOption = None,
     allow_tag: AllowTagOption = False,
     cpu_replicas: CpuReplicasOption = None,
+    trust_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-code",
+            help="process: also run code bundles, as this agent's user (docker always does)",
+        ),
+    ] = False,
 ) -> None:
     """Run a worker agent: claim runs, train each in a fresh process or container, report."""
     from worker.node.agent import WorkDirBusy, run_agent
@@ -367,6 +370,8 @@ def worker(
         deadline=deadline,
         allow_tag=allow_tag,
     )
+    if trust_code and executor is WorkerExecutor.process:
+        executor_options["trust_code"] = True
     try:
         run_agent(
             api,

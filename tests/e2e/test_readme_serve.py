@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,14 +38,25 @@ def test_first_start_prints_identical_verdict_then_keeps_serving(tmp_path: Path)
         stderr=subprocess.DEVNULL,
         text=True,
     ) as proc:
-        assert proc.stdout is not None
+        stdout = proc.stdout
+        assert stdout is not None
+        lines: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        # A reader thread, so a demo that never prints its verdict fails at the deadline
+        # instead of blocking the test on a server that keeps serving.
+        threading.Thread(target=read, daemon=True).start()
         deadline = time.monotonic() + 300
         verdict_line = ""
-        for line in proc.stdout:
-            if "verdict" in line:
-                verdict_line = line
-                break
-            assert time.monotonic() < deadline
+        while "verdict" not in verdict_line:
+            try:
+                verdict_line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            except queue.Empty:
+                proc.kill()
+                pytest.fail("no verdict line within 300 s of the first start")
         assert "rerun of run 1: verdict identical  blake3:" in verdict_line, verdict_line
         # Still serving after the demo: the API answers and shows the two runs.
         token = (tmp_path / "data" / "admin-token").read_text().strip()

@@ -211,3 +211,41 @@ def test_the_api_process_does_not_import_the_node_side() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# The Python client (`reprotrain`, code in service/client) installs and imports on its own.
+CLIENT = "service.client"
+CLIENT_DEPENDS_ON = ("httpx", "pydantic", "yaml")
+
+
+def _client_violations(edges: Iterable[Edge]) -> list[str]:
+    found = []
+    for e in edges:
+        where = f"{e.source} (line {e.line}) imports {e.target}"
+        inside = _under(e.source, CLIENT)
+        if not inside and _under(e.target, CLIENT):
+            found.append(f"{where}: import it as `reprotrain`")
+        top = e.target.split(".")[0]
+        if inside and not (
+            _under(e.target, CLIENT) or top in sys.stdlib_module_names or top in CLIENT_DEPENDS_ON
+        ):
+            found.append(f"{where}: the client needs only {', '.join(CLIENT_DEPENDS_ON)}")
+    return found
+
+
+def test_the_client_imports_only_itself_and_its_dependencies_and_is_imported_by_name() -> None:
+    assert any(_under(e.source, CLIENT) for e in _edges())
+    assert _client_violations(_edges()) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "rule"),
+    [
+        ("service.cli.remote", "service.client.client", "as `reprotrain`"),
+        ("service.client.client", "worker.spec", "needs only"),
+        ("service.client.models", "service.schemas", "needs only"),
+    ],
+)
+def test_the_client_rules_catch_a_forbidden_import(source: str, target: str, rule: str) -> None:
+    found = _client_violations([Edge(source, target, True, 1)])
+    assert len(found) == 1 and rule in found[0], found

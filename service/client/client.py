@@ -1,0 +1,305 @@
+"""`Client`: the Reprotrain API from Python. Submit specs, wait for runs, rerun them and
+read the verdict, push datasets, model definitions and code, list runs across pages,
+compare runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+from pydantic import Field, PrivateAttr
+
+from .admin import Tokens, audit_log
+from .errors import WaitTimeout
+from .http import Http
+from .models import (
+    TERMINAL,
+    Audit,
+    AuditLogPage,
+    Comparison,
+    Experiment,
+    Refinement,
+    RunState,
+)
+from .spec_file import submission_body
+from .stored import CodeBundles, Datasets, Models
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+_PAGE = 500  # the server's largest page
+
+RunRef = int | RunState
+
+
+def _id(run: RunRef) -> int:
+    return run.id if isinstance(run, RunState) else int(run)
+
+
+class Run(RunState):
+    """A run, with what can be done to it: `wait`, `rerun`, `refresh`, `cancel`, `compare`.
+
+    `warnings` (from a submit) says what the spec does that its author may not expect.
+    """
+
+    warnings: list[str] = Field(default_factory=list)
+    experiment: Experiment | None = None
+    _client: Client | None = PrivateAttr(default=None)
+    _submitted: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @property
+    def submit_answer(self) -> dict[str, Any] | None:
+        """The API's whole answer to the submit that created this run (None otherwise)."""
+        return self._submitted
+
+    def _api(self) -> Client:
+        if self._client is None:
+            raise RuntimeError("this run was not read through a Client")
+        return self._client
+
+    def refresh(self) -> Run:
+        """The run as it is now, with its spec, seed, metrics and verdict report."""
+        return self._api().run(self.id)
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        on_progress: Callable[[Run], None] | None = None,
+        poll: float = 0.5,
+    ) -> Run:
+        """The run once it has succeeded, failed or been cancelled; WaitTimeout after
+        `timeout` s. `on_progress` gets the run each time its status or progress changes."""
+        return self._api().wait(self.id, timeout=timeout, on_progress=on_progress, poll=poll)
+
+    def rerun(self) -> Run:
+        """Queue a rerun (same spec, same seed); `wait()` on it gives its verdict."""
+        return self._api().rerun(self.id)
+
+    def cancel(self) -> Run:
+        """Cancel the run if it is queued or running."""
+        return self._api().cancel(self.id)
+
+    def compare(self, other: RunRef) -> Comparison:
+        """This run compared with another: verdict, first divergence, environment diff."""
+        return self._api().compare(self.id, other)
+
+
+class RunPage:
+    """One page of runs and the cursor of the next (None on the last page)."""
+
+    def __init__(self, items: list[Run], next_cursor: str | None) -> None:
+        self.items = items
+        self.next_cursor = next_cursor
+
+
+class Client:
+    """The Reprotrain API. `url` defaults to REPRO_API_URL, `token` to REPRO_TOKEN.
+
+    Every request times out after `timeout` s. Reads, and submits (each carries an
+    idempotency key), are retried at most `retries` times on 429, 502, 503 and 504, waiting
+    what the server's Retry-After asks, up to `max_retry_wait` s.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.25,
+        max_retry_wait: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url or os.environ.get("REPRO_API_URL") or DEFAULT_URL
+        self._http = Http(
+            self.url,
+            token or os.environ.get("REPRO_TOKEN") or None,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_retry_wait=max_retry_wait,
+            transport=transport,
+        )
+        self.datasets = Datasets(self._http)
+        self.models = Models(self._http)
+        self.code = CodeBundles(self._http)
+        self.tokens = Tokens(self._http)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _run(self, data: dict[str, Any], **extra: Any) -> Run:
+        run = Run.model_validate({**data, **extra})
+        run._raw = data
+        run._client = self
+        return run
+
+    def submit(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        *,
+        copies: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """Submit a spec (a YAML or JSON file's path, or a mapping) and return its first run.
+
+        With `copies` > 1 the copies run at once on different workers (see `audit`).
+        """
+        body, content_type = submission_body(spec)
+        # A retried submit (the answer was lost) must not create a second experiment.
+        key = idempotency_key or uuid.uuid4().hex
+        headers = {"Content-Type": content_type, "Idempotency-Key": key}
+        params = {"copies": copies} if copies is not None and copies > 1 else None
+        answer = self._http.json(
+            "POST", "/experiments", idempotent=True, content=body, headers=headers, params=params
+        )
+        experiment = answer["experiment"]
+        run = self._run(
+            answer["run"],
+            experiment=experiment,
+            spec=experiment.get("spec"),
+            spec_hash=experiment.get("spec_hash"),
+            seed=experiment.get("seed"),
+            warnings=answer.get("warnings") or [],
+            audit_id=answer.get("audit_id"),
+        )
+        run._submitted = answer
+        return run
+
+    def run(self, run_id: RunRef) -> Run:
+        """One run, with its spec, seed, metrics, progress and verdict report."""
+        return self._run(self._http.json("GET", f"/runs/{_id(run_id)}"))
+
+    def runs_page(
+        self,
+        *,
+        status: str | None = None,
+        experiment_id: int | None = None,
+        verdict: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """One page of runs, newest first; pass its `next_cursor` back for the next."""
+        filters = {"status": status, "experiment_id": experiment_id, "verdict": verdict}
+        params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+        params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        page = self._http.json("GET", "/runs", params=params)
+        return RunPage([self._run(r) for r in page.get("items") or []], page.get("next_cursor"))
+
+    def runs(
+        self,
+        *,
+        status: str | None = None,
+        experiment_id: int | None = None,
+        verdict: str | None = None,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Run]:
+        """Runs, newest first, read a page at a time by cursor: up to `limit` (None: all)."""
+        cursor: str | None = None
+        seen = 0
+        while limit is None or seen < limit:
+            want = page_size if limit is None else min(page_size, limit - seen)
+            page = self.runs_page(
+                status=status,
+                experiment_id=experiment_id,
+                verdict=verdict,
+                limit=want,
+                cursor=cursor,
+            )
+            yield from page.items
+            seen += len(page.items)
+            cursor = page.next_cursor
+            if cursor is None or not page.items:
+                return
+
+    def rerun(self, run_id: RunRef) -> Run:
+        """Queue a rerun of a run (same spec, same seed); returns the new run."""
+        return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/rerun"))
+
+    def cancel(self, run_id: RunRef) -> Run:
+        """Cancel a queued or running run."""
+        return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/cancel"))
+
+    def experiment(self, experiment_id: int) -> Experiment:
+        """One experiment: its spec, spec hash and resolved seed."""
+        return Experiment.from_api(self._http.json("GET", f"/experiments/{experiment_id}"))
+
+    def compare(self, a: RunRef, b: RunRef) -> Comparison:
+        """Run b compared with run a: the verdict, why, and where they first diverge."""
+        params = {"a": _id(a), "b": _id(b)}
+        return Comparison.from_api(self._http.json("GET", "/compare", params=params))
+
+    def refine(self, a: RunRef, b: RunRef) -> Refinement:
+        """Queue a per-step re-trace of two diverged runs' divergent epoch."""
+        body = {"a": _id(a), "b": _id(b)}
+        return Refinement.from_api(self._http.json("POST", "/compare/refine", json=body))
+
+    def refinement(self, refinement_id: int) -> Refinement:
+        """A refinement: its runs' status and, once both finished, its report."""
+        return Refinement.from_api(self._http.json("GET", f"/compare/refine/{refinement_id}"))
+
+    def audit(self, audit_id: int) -> Audit:
+        """A reproducibility audit: its copies and whether they all agree."""
+        return Audit.from_api(self._http.json("GET", f"/repro-audits/{audit_id}"))
+
+    def audit_log(self, *, action: str | None = None, limit: int = 100) -> AuditLogPage:
+        """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
+        return audit_log(self._http, action=action, limit=limit)
+
+    def wait(
+        self,
+        run_id: RunRef,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[Run], None] | None = None,
+        poll: float = 0.5,
+    ) -> Run:
+        """The run once it has ended; WaitTimeout after `timeout` s.
+
+        Follows the run's event stream, so the end is seen as it happens; polls every
+        `poll` s instead where the stream is not available or breaks off.
+        """
+        number = _id(run_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def ended(run: Run) -> bool:
+            if on_progress is not None:
+                on_progress(run)
+            if run.status in TERMINAL:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"run {number} still {run.status} after {timeout} s")
+            return False
+
+        read = None if deadline is None else max(deadline - time.monotonic(), 0.01)
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            self._http.lines(f"/runs/{number}/events", read=read) as lines,
+        ):
+            for line in lines or ():
+                if line.startswith("data:") and ended(run := self.run(number)):
+                    return run
+        while True:
+            if ended(run := self.run(number)):
+                return run
+            pause = poll if deadline is None else min(poll, deadline - time.monotonic())
+            time.sleep(max(pause, 0.0))

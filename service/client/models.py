@@ -1,0 +1,279 @@
+"""The API's answers as typed objects. Each keeps every field the API sent (unknown ones
+too) and the answer itself in `raw`, for printing or saving as JSON."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+
+class ApiModel(BaseModel):
+    """An answer of the API; fields a newer server adds are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Self:
+        """The object of an API answer, which stays available as `raw`."""
+        made = cls.model_validate(data)
+        made._raw = data
+        return made
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """The answer as the API sent it."""
+        return self._raw
+
+
+class Experiment(ApiModel):
+    """A submitted spec with the seed it resolved to."""
+
+    id: int
+    name: str
+    spec_hash: str
+    seed: list[int]
+    seed_source: str | None = None
+    image: str | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+class ProvenanceField(ApiModel):
+    """One environment field that differs between two runs."""
+
+    field: str
+    a: Any = None
+    b: Any = None
+    breaks_reproducibility: bool = False
+
+
+class SpecField(ApiModel):
+    """One spec field that differs between two runs."""
+
+    path: str
+    a: Any = None
+    b: Any = None
+
+
+class Comparison(ApiModel):
+    """Run b compared with run a: the verdict, why, and where they first diverge."""
+
+    verdict: Literal["identical", "diverged", "incomparable"]
+    explanation: str = ""
+    a: int | None = None
+    b: int | None = None
+    reason: str | None = None
+    fingerprint: str | None = None
+    cause: str | None = None
+    first_divergence: dict[str, Any] | None = None
+    last_identical: dict[str, Any] | None = None
+    variables: list[str] = Field(default_factory=list)
+    differences: list[dict[str, Any]] = Field(default_factory=list)
+    spec_diff: list[SpecField] = Field(default_factory=list)
+    provenance_diff: list[ProvenanceField] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        """Whether the two runs are bitwise identical."""
+        return self.verdict == "identical"
+
+
+class RunState(ApiModel):
+    """A run as the API shows it: the fields of a listing, and with `Client.run` also its
+    spec, seed, metrics and verdict report."""
+
+    id: int
+    experiment_id: int
+    status: str
+    attempt: int = 0
+    rerun_of_id: int | None = None
+    family_id: int | None = None
+    worker_id: int | None = None
+    progress: dict[str, Any] | None = None
+    final_fingerprint: str | None = None
+    error: dict[str, Any] | None = None
+    verdict: str | None = None
+    is_reference: bool = False
+    audit_id: int | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+    spec: dict[str, Any] | None = None
+    spec_hash: str | None = None
+    seed: list[int] | None = None
+    metrics: list[dict[str, Any]] | None = None
+    verdict_report: Comparison | None = None
+    reference_run_id: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended (succeeded, failed or cancelled)."""
+        return self.status in TERMINAL
+
+    @property
+    def final_metrics(self) -> dict[str, Any] | None:
+        """The last recorded metrics row (loss, accuracy, ... of the last epoch), if any."""
+        rows = self.metrics or []
+        return rows[-1] if rows and isinstance(rows[-1], dict) else None
+
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class ArrayInfo(ApiModel):
+    """One named array of a dataset."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class Dataset(ApiModel):
+    """A pushed dataset: its digest (what a spec's `dataset.data` names) and what it holds."""
+
+    digest: str
+    name: str
+    size: int
+    format: str
+    samples: int
+    arrays: list[ArrayInfo] = Field(default_factory=list)
+    pushed_by: str | None = None
+    created_at: datetime | None = None
+    runs: list[int] = Field(default_factory=list)  # with `datasets.get`: runs that used it
+    runs_total: int | None = None
+
+
+class DatasetPage(ApiModel):
+    """One page of datasets, newest first, and how many there are in all."""
+
+    items: list[Dataset]
+    total: int
+
+
+class Audit(ApiModel):
+    """A reproducibility audit (submit with copies): its copies and whether all agree."""
+
+    id: int | None = None
+    finished: bool
+    agree: bool | None = None
+    summary: str = ""
+    copies: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Refinement(ApiModel):
+    """A per-step re-trace of two diverged runs' divergent epoch; `report` once finished."""
+
+    id: int
+    a: int
+    b: int
+    epoch: int
+    status: str
+    runs: list[dict[str, Any]] = Field(default_factory=list)
+    waiting: list[str] = Field(default_factory=list)
+    report: Comparison | None = None
+
+
+class ModelLayer(ApiModel):
+    """One layer of a model definition, as the server's checker found it."""
+
+    path: str
+    class_name: str
+    parameters: int
+    config_sha256: str | None = None
+
+
+class ModelDefinition(ApiModel):
+    """A pushed Keras model definition: its digest (what `model.definition` names)."""
+
+    digest: str
+    name: str
+    size: int
+    format: str
+    layer_count: int
+    parameter_count: int
+    pushed_by: str | None = None
+    created_at: datetime | None = None
+    layers: list[ModelLayer] = Field(default_factory=list)  # with `models.get` and `push`
+    runs: list[int] = Field(default_factory=list)
+    runs_total: int | None = None
+
+
+class ModelDefinitionPage(ApiModel):
+    """One page of model definitions, newest first, and how many there are in all."""
+
+    items: list[ModelDefinition]
+    total: int
+
+
+class CodeEntryPoint(ApiModel):
+    """A component a code bundle declares: its entry-point group, name and target."""
+
+    group: str
+    name: str
+    value: str
+
+
+class CodeFile(ApiModel):
+    """One file of a code bundle, with its digest (from the wheel's RECORD)."""
+
+    path: str
+    sha256: str
+    size: int | None = None
+
+
+class CodeBundle(ApiModel):
+    """A pushed code bundle (a wheel): its digest (what a spec's `code` names)."""
+
+    digest: str
+    name: str
+    size: int
+    wheel_filename: str
+    entry_points: list[CodeEntryPoint] = Field(default_factory=list)
+    pushed_by: str | None = None
+    created_at: datetime | None = None
+    files: list[CodeFile] = Field(default_factory=list)  # with `code.get` and `push`
+    runs: list[int] = Field(default_factory=list)
+    runs_total: int | None = None
+
+
+class CodeBundlePage(ApiModel):
+    """One page of code bundles, newest first, and how many there are in all."""
+
+    items: list[CodeBundle]
+    total: int
+
+
+class Token(ApiModel):
+    """An API token, without its secret; `token` holds the secret only when just created."""
+
+    id: int
+    name: str
+    role: str
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+    token: str | None = None
+
+
+class AuditEvent(ApiModel):
+    """One entry of the audit log: who did what to which object."""
+
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    target_type: str
+    target_id: int | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class AuditLogPage(ApiModel):
+    """One page of the audit log, newest first."""
+
+    items: list[AuditEvent]
+    total: int | None = None

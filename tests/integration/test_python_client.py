@@ -1,0 +1,102 @@
+"""The README's Python-client example, run as written against a real server and worker,
+and what `repro submit` does with a spec file: names it in a YAML error, prints the API's
+warnings on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.cli_runner import repro
+from tests.integration.jobs import REPO, blobs_spec
+from tests.integration.service_procs import Service, running
+
+pytestmark = pytest.mark.slow
+
+
+def readme_client_example() -> str:
+    """The first Python code block of the README's "Python client" section."""
+    section = (REPO / "README.md").read_text().split("\n## Python client\n", 1)[1]
+    found = re.search(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.DOTALL)
+    assert found is not None, "the README's Python client section has no example"
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    root = tmp_path_factory.mktemp("client")
+    with running(Service(root / "data", extra=("--no-demo",)), root / "worker") as (svc, _):
+        yield svc
+
+
+def _table(directory: Path) -> Path:
+    path = directory / "table.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.normal(size=(40, 3)).astype(np.float32), y=np.arange(40) % 2)
+    return path
+
+
+def test_the_readme_example_runs_and_its_rerun_is_identical(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = blobs_spec()
+    spec["training"]["epochs"] = 2
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    _table(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REPRO_API_URL", service.url)
+    monkeypatch.setenv("REPRO_TOKEN", service.admin_token)
+    scope: dict[str, Any] = {}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(readme_client_example(), "README.md", "exec"), scope)
+    run, again, report = scope["run"], scope["again"], scope["report"]
+    assert run.status == "succeeded" and run.final_metrics["epoch"] == 2
+    assert again.verdict == "identical" and again.rerun_of_id == run.id
+    assert again.final_fingerprint == run.final_fingerprint
+    assert report.verdict == "identical" and report.identical
+    assert scope["table"].digest.startswith("sha256:")
+    assert "identical" in printed.getvalue()
+    listed = [r.id for r in scope["c"].runs(status="succeeded", page_size=1)]
+    assert listed[:2] == [again.id, run.id]  # across pages of one, by cursor
+    scope["c"].close()
+
+
+def test_submit_names_the_file_of_a_yaml_error(service: Service, tmp_path: Path) -> None:
+    spec = tmp_path / "typo.yaml"
+    spec.write_text("name: typo\ndataset: {generator: gaussian_blobs\n")
+    done = repro("submit", str(spec), "--api", service.url, "--token", service.admin_token)
+    assert done.returncode == 2, done.stderr
+    assert str(spec) in done.stderr and "<byte string>" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_submit_prints_the_apis_warnings_on_stderr(service: Service, tmp_path: Path) -> None:
+    api = ("--api", service.url, "--token", service.admin_token)
+    pushed = repro("dataset", "push", str(_table(tmp_path)), *api)
+    assert pushed.returncode == 0, pushed.stderr
+    spec = blobs_spec()
+    spec["training"]["epochs"] = 1
+    spec["dataset"] = {
+        "generator": "arrays",
+        "data": pushed.stdout.strip(),
+        "params": {"num_classes": 2, "eval_fraction": 0.2},
+        "batch_size": 4,
+        "train_batches": 4,
+    }
+    path = tmp_path / "held-out.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = repro("submit", str(path), *api, env={"COLUMNS": "200", **os.environ})
+    assert done.returncode == 0, done.stderr
+    assert re.match(r"experiment \d+  run \d+", done.stdout)
+    assert "warning:" in done.stderr and "eval_fraction" in done.stderr
+    assert "warning" not in done.stdout
