@@ -2,7 +2,8 @@
 
 The rows look like a service that has been in use for a while: four runs in five are the
 first run of their experiment, the fifth is a rerun of one of them (same experiment and
-family); most have finished, with provenance, metrics and a fingerprint. The newest runs
+family); most have finished, with provenance, metrics (their final values in `run_metrics`, as
+the server records them) and a fingerprint. The newest runs
 of each fill are queued, so there is always something to claim.
 """
 
@@ -17,7 +18,8 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
-from service.persistence.models import Experiment, Run, utcnow
+from service.persistence.models import Experiment, Run, RunMetric, utcnow
+from service.runs.final_metrics import finals as finals_of
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 5000  # runs per transaction: a multiple of 5, so no rerun is split from its run
@@ -29,7 +31,19 @@ _PROVENANCE = {
     "cpu": "AMD EPYC",
     "threads": {"intra_op": 2, "inter_op": 1},
 }
-_METRICS = [{"epoch": e, "step": 7 * e, "loss": 0.7 - e / 100, "accuracy": 0.5} for e in (1, 2, 3)]
+
+
+def _metrics(n: int) -> list[dict[str, Any]]:
+    """Three epochs whose final values differ from run to run (a sort has something to do);
+    every fourth run was never evaluated."""
+    spread = (n * 7919 % 1000) / 10_000
+    rows: list[dict[str, Any]] = [
+        {"epoch": e, "step": 7 * e, "loss": round(0.7 - e / 100 + spread, 4), "accuracy": 0.5}
+        for e in (1, 2, 3)
+    ]
+    if n % 4:
+        rows[-1]["eval_accuracy"] = round(0.5 + spread, 4)
+    return rows
 
 
 def _digest(prefix: str, text: str) -> str:
@@ -53,7 +67,7 @@ def _fields(status: str, created: datetime, n: int) -> dict[str, Any]:
         "final_fingerprint": _digest("blake3", str(n)) if status == "succeeded" else None,
         "trace_granularity": "epoch" if done else None,
         "provenance": _PROVENANCE if done else None,
-        "metrics": _METRICS if status == "succeeded" else None,
+        "metrics": _metrics(n) if status == "succeeded" else None,
         "error": {"type": "Failed", "message": "training raised"} if status == "failed" else None,
     }
 
@@ -134,6 +148,13 @@ def fill_runs(database_url: str, count: int, *, queued: int = 100) -> int:
                     insert(Run).execution_options(render_nulls=True),
                     list(run_rows.values()),  # in id order: first runs, then reruns
                 )
+                finals = [
+                    {"run_id": row["id"], "name": name, "value": value}
+                    for row in run_rows.values()
+                    for name, value in finals_of(row["metrics"], max_names=64).items()
+                ]
+                if finals:
+                    db.execute(insert(RunMetric), finals)
                 db.commit()
             total = db.scalar(select(func.count()).select_from(Run)) or 0
         if engine.dialect.name == "postgresql":

@@ -128,9 +128,9 @@ def _compare(quick: bool) -> list[Row]:
 
 
 def _dashboard(quick: bool) -> list[Row]:
-    from benchmarks import dashboard_pages
+    from benchmarks import compare_runs, dashboard_pages
 
-    return dashboard_pages.measure(quick)
+    return dashboard_pages.measure(quick) + compare_runs.measure(quick)
 
 
 def _waiting(quick: bool) -> list[Row]:

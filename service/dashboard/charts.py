@@ -7,11 +7,20 @@ result as markup. No script runs to draw anything, so the certificate can embed 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-PALETTE = ("#1f4e96", "#c2410c", "#15803d", "#7e22ce", "#0e7490", "#a16207")
+# Ten colours told apart in print and by most colour-blind readers, and dash patterns cycled
+# at another period, so no two of the first 30 series look alike and a line drawn exactly over
+# another still shows it through its gaps.
+PALETTE = (
+    "#1f4e96", "#c2410c", "#15803d", "#7e22ce", "#0e7490",
+    "#a16207", "#be123c", "#4d7c0f", "#475569", "#9333ea",
+)  # fmt: skip
+DASHES = ("", "7 4", "2 3", "10 3 2 3", "4 2", "1 4")
+# Points per series that carry a hover value; longer series show every k-th and the last.
+MAX_HOVER_POINTS = 200
 
 
 def _e(value: object) -> str:
@@ -29,11 +38,52 @@ class Series:
     dashed: bool = False
 
 
+def _style(i: int, series: Series) -> tuple[str, str]:
+    """(colour, ' stroke-dasharray=...' or '') of the i-th series drawn."""
+    dash = DASHES[i % len(DASHES)] or ("5 3" if series.dashed else "")
+    return PALETTE[i % len(PALETTE)], f' stroke-dasharray="{dash}"' if dash else ""
+
+
+def _hover_points(
+    s: Series, colour: str, at: Callable[[float, float], str], what: str, x_label: str
+) -> list[str]:
+    """Invisible targets over the points; hovering one shows run, x and value."""
+    points = [(x, y) for x, y in s.points if math.isfinite(y)]
+    step = max(1, math.ceil(len(points) / MAX_HOVER_POINTS))
+    shown = points[::step] + ([points[-1]] if (len(points) - 1) % step else [])
+    name = "" if s.name == what else f"{_e(s.name)} · "
+    return [
+        f'<circle class="point" {at(x, y)} r="4" fill="{colour}" fill-opacity="0">'
+        f"<title>{name}{_e(x_label)} {_fmt(x)} · {_e(what)} {y:.6g}</title></circle>"
+        for x, y in shown
+    ]
+
+
+def _legend(
+    drawn: Sequence[Series], *, x: int, y: int, width: int, below: bool
+) -> tuple[list[str], int]:
+    """The legend's parts and the height it adds below the chart (0 when it sits inside)."""
+    columns = max(1, (width - x) // 150) if below else 1
+    parts = []
+    for i, s in enumerate(drawn):
+        colour, dash = _style(i, s)
+        lx = x + (i % columns) * 150 if below else width - 162
+        ly = y + 14 * (i // columns)
+        parts.append(
+            f'<g class="legend-entry"><line x1="{lx}" y1="{ly - 4}" x2="{lx + 22}" y2="{ly - 4}" '
+            f'stroke="{colour}" stroke-width="2"{dash}/>'
+            f'<text x="{lx + 26}" y="{ly}">{_e(s.name)}</text></g>'
+        )
+    rows = math.ceil(len(drawn) / columns)
+    return parts, (14 * rows + 6 if below else 0)
+
+
 def line_chart(
     series: Sequence[Series], *, title: str, x_label: str = "epoch", width: int = 520,
     height: int = 220,
 ) -> str:  # fmt: skip
-    """Lines over a shared x axis, with min/max ticks and a legend; '' when nothing to draw."""
+    """Lines over a shared x axis, with min/max ticks, a legend (below the plot past three
+    series) and the value of each point on hover; '' when nothing to draw."""
     drawn = [s for s in series if s.points]
     values = [(x, y) for s in drawn for x, y in s.points if math.isfinite(y)]
     if not values:
@@ -47,16 +97,21 @@ def line_chart(
     if y1 == y0:
         y0, y1 = y0 - abs(y0 or 1) * 0.05, y1 + abs(y1 or 1) * 0.05
     plot_w, plot_h = width - left - right, height - top - bottom
+    below = len(drawn) > 3
+    legend, extra = _legend(drawn, x=left, y=height + 8 if below else top + 12, width=width - right,
+                            below=below)  # fmt: skip
+    total = height + extra
 
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * plot_w
+    def xy(x: float, y: float) -> tuple[float, float]:
+        return left + (x - x0) / (x1 - x0) * plot_w, top + (1 - (y - y0) / (y1 - y0)) * plot_h
 
-    def py(y: float) -> float:
-        return top + (1 - (y - y0) / (y1 - y0)) * plot_h
+    def at(x: float, y: float) -> str:
+        px, py = xy(x, y)
+        return f'cx="{px:.1f}" cy="{py:.1f}"'
 
     parts = [
         f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'height="{total}" viewBox="0 0 {width} {total}" role="img" '
         f'aria-label="{_e(title)}">',
         f"<title>{_e(title)}</title>",
         f'<text x="{left}" y="15" font-weight="600">{_e(title)}</text>',
@@ -70,21 +125,18 @@ def line_chart(
         f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">{_e(x_label)}</text>',
     ]
     for i, s in enumerate(drawn):
-        colour = PALETTE[i % len(PALETTE)]
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points if math.isfinite(y))
-        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+        colour, dash = _style(i, s)
+        finite = [(x, y) for x, y in s.points if math.isfinite(y)]
+        points = " ".join("{:.1f},{:.1f}".format(*xy(x, y)) for x, y in finite)
         parts.append(
             f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{points}">'
             f"<title>{_e(s.name)}</title></polyline>"
         )
-        for x, y in s.points[-1:]:
-            parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>')
-        lx = left + plot_w - 150
-        ly = top + 12 + 14 * i
-        parts.append(
-            f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{colour}" '
-            f'stroke-width="2"{dash}/><text x="{lx + 22}" y="{ly}">{_e(s.name)}</text>'
-        )
+        for x, y in finite[-1:]:
+            parts.append(f'<circle {at(x, y)} r="3" fill="{colour}"/>')
+    for i, s in enumerate(drawn):  # on top of every line, so each point can be hovered
+        parts += _hover_points(s, _style(i, s)[0], at, title, x_label)
+    parts += legend
     parts.append("</svg>")
     return "".join(parts)
 

@@ -166,11 +166,11 @@ def series(metrics: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple
     return [(x, y) for x, y in points if x is not None and y is not None]
 
 
-def curves(metrics: Sequence[Mapping[str, Any]] | None) -> list[str]:
-    """One SVG chart per metric, loss first."""
+def curves(metrics: Sequence[Mapping[str, Any]] | None, run_label: str = "") -> list[str]:
+    """One SVG chart per metric, loss first; points name `run_label` on hover."""
     names = sorted(metric_names(metrics), key=lambda n: (n != "loss", n))
     charts_ = [
-        charts.line_chart([charts.Series(name, series(metrics, name))], title=name)
+        charts.line_chart([charts.Series(run_label or name, series(metrics, name))], title=name)
         for name in names
     ]
     return [c for c in charts_ if c]
@@ -186,5 +186,5 @@ def provenance_context(*, db: Session, run: Run) -> dict[str, Any]:
         "groups": groups(run.provenance),
         "ledger": seed_ledger(run),
         "hazards": hazards(run),
-        "curves": [svg(c) for c in curves(run.metrics)],
+        "curves": [svg(c) for c in curves(run.metrics, f"run {run.id}")],
     }

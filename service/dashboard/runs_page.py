@@ -7,14 +7,16 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
+from sqlalchemy.orm import Session
 
 from service.api.deps import ReadSessionDep
-from service.dashboard import run_rows
+from service.dashboard import metric_sort, run_rows
 from service.dashboard.run_rows import VERDICT_FILTERS, Filters
 from service.dashboard.web import SECURITY_HEADERS, PageRoute, ViewerDep, render
 from service.errors import MalformedBody
@@ -64,10 +66,44 @@ def get_filters(
 
 FiltersDep = Annotated[Filters, Depends(get_filters)]
 Limit = Annotated[int, Query(ge=1, le=200)]
+MetricName = Annotated[str, Query(max_length=metric_sort.NAME_CHARS)]
+PageKey = Annotated[str | None, Query(max_length=metric_sort.KEY_CHARS)]
+SHOWN_METRICS = ("loss", "eval_accuracy")  # columns every runs page has
 
 
-def _url(filters: Filters, **more: object) -> str:
-    items = filters.query_items() + [(k, str(v)) for k, v in more.items() if v is not None]
+@dataclass(frozen=True)
+class Columns:
+    """The metric columns of the page and the one it is sorted by, if any (in its URL)."""
+
+    metric: str = ""  # a metric the viewer picked, shown after the usual ones
+    sort: str = ""  # "" for newest first
+    order: str = "desc"
+
+    @property
+    def names(self) -> list[str]:
+        names = list(SHOWN_METRICS)
+        names += [n for n in (self.metric, self.sort) if n and n not in names]
+        return list(dict.fromkeys(names))
+
+    def query_items(self) -> list[tuple[str, str]]:
+        items = [("metric", self.metric), ("sort", self.sort)]
+        items += [("order", self.order)] if self.sort and self.order != "desc" else []
+        return [(k, v) for k, v in items if v]
+
+
+def get_columns(
+    metric: MetricName = "", sort: MetricName = "", order: Literal["asc", "desc"] = "desc"
+) -> Columns:
+    """The metric columns and sort of the runs page, from its URL."""
+    return Columns(metric=metric.strip(), sort=sort.strip(), order=order)
+
+
+ColumnsDep = Annotated[Columns, Depends(get_columns)]
+
+
+def _url(filters: Filters, columns: Columns | None = None, **more: object) -> str:
+    items = filters.query_items() + (columns.query_items() if columns else [])
+    items += [(k, str(v)) for k, v in more.items() if v is not None]
     return "/?" + urlencode(items) if items else "/"
 
 
@@ -77,27 +113,66 @@ def runs(
     viewer: ViewerDep,
     db: ReadSessionDep,
     filters: FiltersDep,
+    columns: ColumnsDep,
     before: Cursor = None,
     after: Cursor = None,
+    cursor: PageKey = None,
+    back: PageKey = None,
     limit: Limit = 50,
 ) -> HTMLResponse:
-    """The runs, newest first, with their verdicts."""
-    found = run_rows.page(db, filters, limit=limit, before=before, after=after)
+    """The runs, newest first or by a metric, with their verdicts and final metrics."""
     size = {"limit": limit} if limit != 50 else {}
-    export = urlencode(filters.query_items())
+    found: run_rows.RunsPage | metric_sort.SortedPage
+    newer: dict[str, object] | None
+    older: dict[str, object] | None
+    if columns.sort:
+        by_metric = _sorted_page(db, filters, columns, limit=limit, cursor=cursor, back=back)
+        newer = {"back": by_metric.newer.text()} if by_metric.newer else None
+        older = {"cursor": by_metric.older.text()} if by_metric.older else None
+        found, deep = by_metric, cursor is not None or back is not None
+    else:
+        found = run_rows.page(db, filters, limit=limit, before=before, after=after)
+        newer = {"after": found.newer} if found.newer else None
+        older = {"before": found.older} if found.older else None
+        deep = before is not None or after is not None
+    ids = [r.run.id for r in found.rows]
     return render(
         request,
         "runs.html",
         viewer,
         page=found,
         filters=filters,
+        columns=columns,
+        values=metric_sort.values_of(db, ids, columns.names),
+        metric_names=metric_sort.metric_names(db),
+        sort_url=lambda name, order: _url(filters, replace(columns, sort=name, order=order)),
         statuses=RUN_STATUSES,
         verdicts=VERDICT_FILTERS,
         live_ids=",".join(str(r.run.id) for r in found.rows if r.live),
-        newer_url=_url(filters, after=found.newer, **size) if found.newer else None,
-        older_url=_url(filters, before=found.older, **size) if found.older else None,
-        first_url=_url(filters, **size) if before or after else None,
-        export_query=export,
+        newer_url=_url(filters, columns, **newer, **size) if newer else None,
+        older_url=_url(filters, columns, **older, **size) if older else None,
+        first_url=_url(filters, columns, **size) if deep else None,
+        export_query=urlencode(filters.query_items()),
+    )
+
+
+def _sorted_page(
+    db: Session,
+    filters: Filters,
+    columns: Columns,
+    *,
+    limit: int,
+    cursor: str | None,
+    back: str | None,
+) -> metric_sort.SortedPage:
+    sort = metric_sort.Sort(columns.sort, descending=columns.order == "desc")
+    return metric_sort.page(
+        db,
+        filters,
+        sort,
+        limit=limit,
+        cursor=metric_sort.Key.parse(cursor) if cursor is not None else None,
+        back=metric_sort.Key.parse(back) if back is not None else None,
     )
 
 
@@ -118,14 +193,24 @@ def live_rows(
     db: ReadSessionDep,
     ids: Annotated[str, Query(max_length=2400)] = "",
     n: PollCount = 0,
+    metric: MetricName = "",
 ) -> HTMLResponse:
     """The rows of the page that may still change (unfinished runs, and finished ones whose
     verdict an older run of their family still decides), swapped in place; polling stops
     once none may."""
     rows = run_rows.by_ids(db, _ids(ids))
     still = ",".join(str(r.run.id) for r in rows if r.live)
+    columns = Columns(metric=metric.strip())
     return render(
-        request, "runs_live.html", viewer, rows=rows, live_ids=still, n=n + 1, max_polls=MAX_POLLS
+        request,
+        "runs_live.html",
+        viewer,
+        rows=rows,
+        live_ids=still,
+        n=n + 1,
+        max_polls=MAX_POLLS,
+        columns=columns,
+        values=metric_sort.values_of(db, [r.run.id for r in rows], columns.names),
     )
 
 

@@ -92,6 +92,7 @@ def pages(w: World) -> list[str]:
         f"/compare?a={w.reference}&b={w.diverged}",
         f"/compare?a={w.reference}&b={w.diverged}&env=all",
         f"/compare?a={w.reference}&b={w.identical}",
+        f"/compare/runs?runs={w.reference},{w.identical},{w.diverged},{w.failed},{w.running}",
         f"/experiments/{w.experiment}",
         f"/runs/{w.reference}/certificate",
         f"/audits/{w.audit}",

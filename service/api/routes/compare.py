@@ -17,7 +17,15 @@ from service.api.deps import (
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.runs import audits as repro_audits
-from service.schemas import MAX_ID, ComparisonReport, RefineIn, RefinementOut, ReproAuditOut
+from service.schemas import (
+    MAX_ID,
+    ComparisonReport,
+    ManyRunsComparison,
+    RefineIn,
+    RefinementOut,
+    ReproAuditOut,
+)
+from service.verification import comparison_matrix as many_runs
 from service.verification import comparisons
 
 router = APIRouter(tags=["compare"], route_class=JsonRoute)
@@ -41,6 +49,19 @@ def compare(
         max_stored=settings.max_stored_comparisons,
     )
     return ComparisonReport.model_validate(report)
+
+
+@router.get("/compare/runs", response_model=ManyRunsComparison, responses=errors(422))
+def compare_many(
+    runs: Annotated[list[str], Query(description="run ids, e.g. runs=1,2,3")],
+    db: ReadSessionDep,
+    settings: SettingsDep,
+    _: ReadAccess,
+) -> ManyRunsComparison:
+    """N runs at once: each pair's verdict, the spec and environment fields that differ
+    among them, and their metric curves; at most `REPRO_MAX_COMPARE_RUNS` runs."""
+    ids = many_runs.parse_run_ids(runs, max_runs=settings.max_compare_runs)
+    return ManyRunsComparison.model_validate(many_runs.compare_runs(db, run_ids=ids))
 
 
 @router.post(

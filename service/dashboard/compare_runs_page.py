@@ -1,0 +1,56 @@
+"""The N-way compare page (`/compare/runs?runs=1,2,3`): every pair's verdict as a matrix
+linking to the two-run page, the spec and environment fields that differ among the runs
+(one column per run), and their curves overlaid with a legend and values on hover."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from service.api.deps import ReadSessionDep
+from service.dashboard import charts
+from service.dashboard.web import PageRoute, ViewerDep, render, svg
+from service.schemas import ManyRunsComparison
+from service.verification import comparison_matrix as many_runs
+
+router = APIRouter(route_class=PageRoute)
+
+
+def matrix(found: ManyRunsComparison) -> list[list[Any]]:
+    """Rows of (column run, verdict of it against the row's run), None on the diagonal."""
+    by_pair = {(p.a, p.b): p for p in found.pairs}
+    by_pair.update({(p.b, p.a): p for p in found.pairs})
+    return [[(b, by_pair.get((a, b))) for b in found.runs] for a in found.runs]
+
+
+def overlaid(curves: Mapping[str, Sequence[Any]]) -> list[str]:
+    """One chart per metric, a line per run."""
+    drawn = [
+        charts.line_chart([charts.Series(f"run {c.run}", c.points) for c in per_run], title=name)
+        for name, per_run in curves.items()
+    ]
+    return [d for d in drawn if d]
+
+
+@router.get("/compare/runs", response_class=HTMLResponse)
+def compare_runs_page(
+    request: Request,
+    viewer: ViewerDep,
+    db: ReadSessionDep,
+    runs: Annotated[list[str], Query()],
+) -> HTMLResponse:
+    """N runs, compared pairwise and overlaid."""
+    settings = request.app.state.settings
+    ids = many_runs.parse_run_ids(runs, max_runs=settings.max_compare_runs)
+    found = ManyRunsComparison.model_validate(many_runs.compare_runs(db, run_ids=ids))
+    return render(
+        request,
+        "compare_runs.html",
+        viewer,
+        found=found,
+        matrix=matrix(found),
+        curves=[svg(c) for c in overlaid(found.curves)],
+    )
