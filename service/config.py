@@ -30,12 +30,31 @@ class Settings(BaseSettings):
     # What a dataset's arrays may take once inflated, read from the zip's declared sizes before
     # anything is inflated: a compressed upload may declare far more than it sends.
     max_dataset_inflated_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    # A pushed model definition (Keras JSON, or a .keras archive whose config.json alone is
+    # read): bytes of the push and of its config, JSON nesting, and layers. A ResNet-50's
+    # config is about 0.3 MB, 20 levels deep and 180 layers.
+    max_model_definition_bytes: int = Field(default=4 * 1024**2, ge=1024)
+    max_model_definition_depth: int = Field(default=64, ge=8, le=1000)
+    max_model_definition_layers: int = Field(default=2_000, ge=1)
+    # Code bundles (`POST /api/v1/code`, a spec's `code`): off refuses pushes and specs that
+    # name one (422). The wheel's bytes as they arrive, its files, and those files inflated,
+    # the last two read from the zip's directory before anything is inflated.
+    allow_code_bundles: bool = True
+    max_code_bundle_bytes: int = Field(default=64 * 1024**2, ge=1024)
+    max_code_bundle_files: int = Field(default=2000, ge=1)
+    max_code_bundle_inflated_bytes: int = Field(default=256 * 1024**2, ge=1024)
     # What the arrays of one checkpoint may declare in total, checked before any is read.
     max_checkpoint_bytes: int = Field(default=4 * 1024**3, ge=1024)
     # Reports of compared pairs kept besides a family's (a rerun against its reference), so
     # viewers comparing any pairs cannot grow the database with runs squared; past it the
     # oldest go and are computed again when asked. 0: only a family's are kept.
     max_stored_comparisons: int = Field(default=1000, ge=0)
+    # Runs one N-way comparison may name (API and dashboard): its pairs grow with N squared,
+    # and each run's trace and metrics are read, so past it the request is refused (422).
+    max_compare_runs: int = Field(default=20, ge=2, le=200)
+    # Metric names per run whose final values are kept for sorting the runs page (one row
+    # each); a result naming more keeps them all in its metrics, sortable by the first ones.
+    max_sortable_metrics: int = Field(default=64, ge=1, le=10_000)
     # A worker's result (`POST /runs/{id}/complete`): its body limit. A spec whose result
     # could exceed it (mostly its fingerprint trace: points x variables) is refused at submit.
     max_result_bytes: int = Field(default=64 * 1024**2, ge=1024)

@@ -43,6 +43,12 @@ class InvalidSpec(ServiceError):
     status_code = 422
 
 
+class InvalidQuery(ServiceError):
+    """The request's query parameters name nothing this service can answer for."""
+
+    status_code = 422
+
+
 class MalformedBody(ServiceError):
     """The request body is not well-formed."""
 
@@ -69,6 +75,18 @@ class DigestMismatch(ServiceError):
 
 class DatasetRefused(ServiceError):
     """The upload is not a dataset this service accepts; nothing was stored."""
+
+    status_code = 422
+
+
+class ModelDefinitionRefused(ServiceError):
+    """The upload is not a model definition this service accepts; nothing was stored."""
+
+    status_code = 422
+
+
+class CodeBundleRefused(ServiceError):
+    """The upload is not a code bundle this service accepts, or bundles are off; nothing stored."""
 
     status_code = 422
 

@@ -133,6 +133,8 @@ class SubmitOut(BaseModel):
     experiment: ExperimentOut
     run: RunOut
     audit_id: int | None = None  # with ?copies=N: the reproducibility audit of the N runs
+    # What the valid spec does that its author may not expect (rows held out, never read).
+    warnings: list[str] = Field(default_factory=list)
 
 
 class StrictInput(BaseModel):
@@ -245,6 +247,24 @@ class MeasuredAt(BaseModel):
     at_divergence: bool
 
 
+class CodeFileDifference(BaseModel):
+    """A file of two runs' code bundles whose digest differs (None: not in that bundle)."""
+
+    path: str
+    change: Literal["changed", "added", "removed"]
+    a: str | None = None
+    b: str | None = None
+
+
+class ModelLayerDifference(BaseModel):
+    """A layer of two runs' model definitions whose config differs (None: not in that one)."""
+
+    layer: str  # its path: model / nested models / layer name
+    change: Literal["changed", "added", "removed"]
+    class_a: str | None = None
+    class_b: str | None = None
+
+
 class ComparisonReport(BaseModel):
     """Two runs compared: identical, diverged (where, in what, how much, why), or incomparable."""
 
@@ -273,6 +293,47 @@ class ComparisonReport(BaseModel):
     spec_diff: list[SpecField] = Field(default_factory=list)
     provenance_diff: list[ProvenanceField] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    # Runs of other code bundles: both digests (None: that run ran none) and the files whose
+    # digests differ; a difference changes results. None and [] when the bundles are equal.
+    code_bundles: dict[str, str | None] | None = None
+    code_files_differing: list[CodeFileDifference] = Field(default_factory=list)
+    # Runs of other Keras model definitions: the layers whose config differs (a difference
+    # changes results, and the explanation says so). Empty when the definitions are equal.
+    model_layers_differing: list[ModelLayerDifference] = Field(default_factory=list)
+
+
+class PairVerdict(BaseModel):
+    """Run b against run a within an N-way comparison; the two-run report has the detail."""
+
+    a: int
+    b: int
+    verdict: Literal["identical", "diverged", "incomparable"]
+    reason: str
+    stored: bool  # from a kept report (a rerun's verdict), not worked out for this answer
+
+
+class DifferingField(BaseModel):
+    """A spec or environment field whose value is not the same in every compared run."""
+
+    field: str
+    values: list[Any]  # one per run, in the order of `runs` (None: not recorded)
+    breaks_reproducibility: bool = False
+    why: str | None = None
+
+
+class MetricCurve(BaseModel):
+    run: int
+    points: list[tuple[float, float]]  # (epoch, value)
+
+
+class ManyRunsComparison(BaseModel):
+    """N runs compared: every pair's verdict, the fields that differ, the metric curves."""
+
+    runs: list[int]
+    pairs: list[PairVerdict]
+    spec_diff: list[DifferingField]
+    environment_diff: list[DifferingField]
+    curves: dict[str, list[MetricCurve]]
 
 
 class RefineIn(StrictInput):
@@ -351,6 +412,40 @@ class DatasetOut(BaseModel):
 class DatasetDetail(DatasetOut):
     """A dataset with the runs that trained on it (newest first, at most 100) and their count."""
 
+    runs: list[int] = Field(default_factory=list)
+    runs_total: int = 0
+    content_url: str
+
+
+class ModelLayer(BaseModel):
+    """One layer of a model definition, as the server's checker found it."""
+
+    path: str  # model / nested models / layer name
+    class_name: str
+    parameters: int
+    config_sha256: str
+
+
+class ModelDefinitionOut(BaseModel):
+    """A pushed Keras model definition: its digest (what a spec's `model.definition` names),
+    its size in parameters and layers, and who pushed it."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    digest: str
+    name: str
+    size: int
+    format: str
+    layer_count: int
+    parameter_count: int
+    pushed_by: str
+    created_at: UtcDatetime
+
+
+class ModelDefinitionDetail(ModelDefinitionOut):
+    """A definition with its layers and the runs that trained it (newest first, at most 100)."""
+
+    layers: list[ModelLayer]
     runs: list[int] = Field(default_factory=list)
     runs_total: int = 0
     content_url: str

@@ -28,6 +28,9 @@ class RegisterIn(StrictInput):
     # create. A run asking for N replicas goes only to a worker with N devices.
     gpus: int | None = Field(default=None, ge=0, le=MAX_DEVICES)
     cpu_devices: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    # Whether it runs code bundles: the docker executor does, a process worker only when its
+    # operator said so (--trust-code). Runs with a bundle go only to such workers.
+    accepts_code: bool = False
 
 
 class RegisterOut(BaseModel):
@@ -51,6 +54,7 @@ class WorkerOut(BaseModel):
     gpus: int
     cpu_devices: int | None
     devices: int
+    accepts_code: bool = False
     registered_at: UtcDatetime
     last_seen_at: UtcDatetime
 

@@ -7,7 +7,8 @@ sets `training.checkpoint_every_steps`); `--resume` continues from the newest of
 traces and fingerprints do not depend on it, nor on `--classic-loop` (one step per call, a
 dataset per epoch and TensorFlow reseeded every epoch, as jobs ran before).
 `--dataset-file F` is the stored dataset the spec names by digest (`dataset.data`): the
-file's digest must equal it. `--export-model M.keras` saves the final model on success.
+file's digest must equal it; `--model-file F` likewise the Keras model definition the spec
+names (`model.definition`). `--export-model M.keras` saves the final model on success.
 
 The process re-executes itself once if its environment lacks what determinism needs
 (PYTHONHASHSEED and thread variables only count at interpreter start). A result
@@ -20,9 +21,12 @@ Exit codes: 0 succeeded, 1 training failed, 2 invalid spec or arguments, 3 inter
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -78,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="F",
         help="the dataset file whose digest the spec names in dataset.data",
+    )
+    p.add_argument(
+        "--model-file",
+        type=Path,
+        metavar="F",
+        help="the Keras model definition whose digest the spec names in model.definition",
+    )
+    p.add_argument(
+        "--code-file",
+        type=Path,
+        metavar="W.whl",
+        help="the code bundle (wheel) whose digest the spec names in code",
     )
     p.add_argument(
         "--export-model",
@@ -158,6 +174,88 @@ def _open_dataset(
     return arrays, {"digest": digest, **info.as_record()}
 
 
+def _open_model(
+    spec: ExperimentSpec, model_file: Path | None, *, max_parameters: int | None
+) -> tuple[bytes | None, dict[str, Any] | None]:
+    """(bytes, provenance record) of the spec's model definition after checking the file is
+    it, that it passes the allow-list and that its parameters are within the limit."""
+    from worker.models import keras_definition as kd
+
+    wanted = spec.model.definition
+    if wanted is None and model_file is None:
+        return None, None
+
+    def refuse(msg: str) -> SpecError:
+        return SpecError(
+            f"model.definition: {msg}", errors=[{"loc": "model.definition", "msg": msg}]
+        )
+
+    if wanted is None:
+        raise refuse("a model definition file was given but the spec names none by digest")
+    if model_file is None:
+        raise refuse(f"the spec trains model definition {wanted} but the job was given no file")
+    data = model_file.read_bytes()
+    if kd.digest_of(data) != wanted:
+        raise refuse(f"{model_file.name} has digest {kd.digest_of(data)}, not the spec's {wanted}")
+    try:
+        info = kd.read_definition(data)
+    except kd.DefinitionRefused as exc:
+        raise refuse(str(exc)) from None
+    if max_parameters is not None:
+        # Before TensorFlow is imported, let alone a weight allocated.
+        check_parameter_limit(info.parameter_count, max_parameters, how="counted from its config")
+    record = {
+        "digest": wanted,
+        "format": info.format,
+        "parameter_count": info.parameter_count,
+        # By path, so a comparison names the layers whose config differs.
+        "layers": {
+            layer.path: {
+                "class_name": layer.class_name,
+                "parameters": layer.parameters,
+                "config_sha256": layer.config_sha256,
+            }
+            for layer in info.layers
+        },
+    }
+    return data, record
+
+
+def _install_code(spec: ExperimentSpec, code_file: Path | None) -> dict[str, Any] | None:
+    """Install the spec's code bundle for this job only; its provenance record, or None."""
+    wanted = spec.code
+    if wanted is None and code_file is None:
+        return None
+
+    def refuse(msg: str) -> SpecError:
+        return SpecError(f"code: {msg}", errors=[{"loc": "code", "msg": msg}])
+
+    if wanted is None:
+        raise refuse("a code bundle was given but the spec names none")
+    if code_file is None:
+        raise refuse(f"the spec runs code bundle {wanted} but the job was given no file")
+    from worker import code_bundles
+
+    # A private directory that lives as long as this job: the bundle is visible to no other.
+    target = Path(tempfile.mkdtemp(prefix="repro-code-"))
+    atexit.register(shutil.rmtree, target, True)
+    try:
+        info = code_bundles.install(code_file, target, digest=wanted)
+    except code_bundles.CodeBundleError as exc:
+        raise refuse(str(exc)) from None
+    code_bundles.load_entry_points(info, digest=wanted)
+    from worker.models import registry
+
+    registry.components.cache_clear()  # its entry points are visible from now on
+    return {
+        "digest": wanted,
+        "name": info.name,
+        "version": info.version,
+        "entry_points": info.entry_points,
+        "files": info.manifest(),
+    }
+
+
 def _failure(
     exc: BaseException, result: JobResult, phase: Literal["spec", "training"] | None = None
 ) -> JobResult:
@@ -198,6 +296,8 @@ def run_job(
     reporter: ProgressReporter,
     dataset_file: Path | None = None,
     export_model: Path | None = None,
+    code_file: Path | None = None,
+    model_file: Path | None = None,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
     seed = resolve_seed(spec.seed)
@@ -210,6 +310,7 @@ def run_job(
         spec=resolved.model_dump(mode="json"),
     )
     try:
+        code_record = _install_code(resolved, code_file)
         from worker.models import registry
 
         registry.check_spec(resolved)
@@ -222,18 +323,32 @@ def run_job(
                     parameters, options.max_model_parameters, how="computed from the spec"
                 )
         arrays, dataset_record = _open_dataset(resolved, dataset_file)
+        definition, model_record = _open_model(
+            resolved, model_file, max_parameters=options.max_model_parameters
+        )
 
         from worker.record.provenance import capture_provenance
         from worker.training.loop import run_training
 
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         startup = time.monotonic() - _STARTED
-        outcome = run_training(resolved, seed=seed, reporter=reporter, options=options, data=arrays)
+        outcome = run_training(
+            resolved,
+            seed=seed,
+            reporter=reporter,
+            options=options,
+            data=arrays,
+            model_definition=definition,
+        )
         result.provenance = capture_provenance(
             spec_hash=resolved.spec_hash(), seed=seed, determinism=outcome.determinism
         )
         if dataset_record is not None:
             result.provenance["dataset"] = dataset_record
+        if code_record is not None:
+            result.provenance["code"] = code_record
+        if model_record is not None:
+            result.provenance["model_definition"] = model_record
         _record_outcome(result, outcome, spec=resolved, options=options, startup=startup)
         interrupted = outcome.interrupted_after_epoch
         if export_model is not None and not interrupted and outcome.model is not None:
@@ -322,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             reporter=reporter,
             dataset_file=args.dataset_file,
             export_model=args.export_model,
+            code_file=args.code_file,
+            model_file=args.model_file,
         )
     write_result(result, args.out)
     reporter.emit(

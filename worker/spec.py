@@ -107,6 +107,9 @@ class DatasetSpec(_Strict):
 class ModelSpec(_Strict):
     architecture: str = Field(min_length=1, max_length=100)
     params: Params = Field(default_factory=dict)
+    # A Keras model definition stored by digest (`repro model push`); with architecture
+    # `keras` the job builds exactly that model.
+    definition: str | None = Field(default=None, pattern=DIGEST_PATTERN)
 
 
 class OptimizerSpec(_Strict):
@@ -161,6 +164,9 @@ class ExperimentSpec(_Strict):
     determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
     distribution: DistributionSpec = Field(default_factory=DistributionSpec)
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    # A code bundle (a wheel stored by digest, `repro code push`) whose entry points add the
+    # generators and architectures the spec names.
+    code: str | None = Field(default=None, pattern=DIGEST_PATTERN)
 
     @field_validator("seed", mode="before")
     @classmethod
@@ -210,6 +216,8 @@ _LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("dataset", "data"), None),
     (("training", "checkpoint_every_steps"), None),
     (("distribution",), {"replicas": 1}),
+    (("code",), None),
+    (("model", "definition"), None),
 )
 
 

@@ -32,6 +32,8 @@ from service.config import Settings
 # Dataset pushes stream to disk too, under their own limit.
 UPLOAD_ROUTES = (re.compile(r"^/api/v1/runs/[^/]+/artifacts$"),)
 DATASET_UPLOAD = re.compile(r"^/api/v1/datasets/?$")  # bounded by max_dataset_bytes
+CODE_UPLOAD = re.compile(r"^/api/v1/code/?$")  # bounded by max_code_bundle_bytes
+MODEL_UPLOAD = re.compile(r"^/api/v1/models/?$")  # bounded by max_model_definition_bytes
 # A worker's result carries the run's fingerprint trace: bounded by max_result_bytes, which
 # submit checks every spec's result against.
 RESULT_REPORT = re.compile(r"^/api/v1/runs/[^/]+/complete$")
@@ -51,6 +53,10 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
         return settings.max_artifact_bytes
     if method == "POST" and DATASET_UPLOAD.match(path):
         return settings.max_dataset_bytes
+    if method == "POST" and CODE_UPLOAD.match(path):
+        return settings.max_code_bundle_bytes
+    if method == "POST" and MODEL_UPLOAD.match(path):
+        return settings.max_model_definition_bytes
     if method == "POST" and RESULT_REPORT.match(path):
         return max(settings.max_result_bytes, settings.max_body_bytes)
     return settings.max_body_bytes

@@ -12,11 +12,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from service.api.responses import errors
 from service.api.routes import (
     admin,
+    code,
     compare,
     datasets,
     experiments,
     fleet,
     metrics,
+    model_definitions,
     run_artifacts,
     runs,
     workers,
@@ -36,6 +38,8 @@ api_router.include_router(admin.router)
 api_router.include_router(compare.router)
 api_router.include_router(metrics.router)
 api_router.include_router(datasets.router)
+api_router.include_router(code.router)
+api_router.include_router(model_definitions.router)
 api_router.include_router(run_artifacts.router)
 
 

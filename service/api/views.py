@@ -148,7 +148,11 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
     )
     waiting = (
         queue.waiting_reason(
-            db=db, required_image=row.required_image, replicas=row.replicas, settings=settings
+            db=db,
+            required_image=row.required_image,
+            replicas=row.replicas,
+            settings=settings,
+            needs_code=(row.spec or {}).get("code") is not None,
         )
         if row.status == "queued"
         else None

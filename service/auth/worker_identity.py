@@ -72,6 +72,7 @@ def register_worker(
     allowed_images: list[str] | None = None,
     gpus: int | None = None,
     cpu_devices: int | None = None,
+    accepts_code: bool = False,
     max_images: int | None = None,
     max_names: int | None = None,
 ) -> Worker:
@@ -107,6 +108,7 @@ def register_worker(
             worker.token_id = token_id  # the name's token was revoked or expired
         worker.hostname, worker.executors, worker.images = hostname, executors, images
         worker.gpu, worker.last_seen_at = gpu, utcnow()
+        worker.accepts_code = accepts_code
         worker.gpus, worker.cpu_devices = device_counts(gpu, gpus, cpu_devices)
         worker.devices = worker.gpus or worker.cpu_devices or 1
         try:

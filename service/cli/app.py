@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from service.cli import admin, datasets, local, remote, server
+from service.cli import admin, code, datasets, local, models, remote, server
 from service.cli.output import Group
 
 app = typer.Typer(
@@ -13,5 +13,5 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Reproducible training: submit, rerun and verify experiments.",
 )
-for module in (local, remote, server, admin, datasets):
+for module in (local, remote, server, admin, datasets, code, models):
     module.register(app)

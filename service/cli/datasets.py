@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from service.cli import by_digest as stored
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
@@ -14,11 +15,7 @@ from service.cli.output import (
     Group,
     JsonFlag,
     TokenOption,
-    api_client,
-    api_error_exit,
-    emit_json,
-    err,
-    print_table,
+    repro_client,
 )
 
 dataset_app = typer.Typer(
@@ -28,7 +25,7 @@ dataset_app = typer.Typer(
 )
 
 
-def _arrays(record: dict[str, object]) -> str:
+def _arrays(record: stored.Answer) -> str:
     arrays = record.get("arrays") or []
     assert isinstance(arrays, list)
     return ", ".join(f"{a['name']} {a['dtype']}{a['shape']}" for a in arrays)
@@ -45,26 +42,19 @@ def push(
     as_json: JsonFlag = False,
 ) -> None:
     """Upload a dataset (streamed, with its SHA-256) and print its digest for `dataset.data`."""
-    from worker.node.api_errors import ApiError
-
-    try:
-        record = api_client(api, token).push_dataset(file, name=name or file.name)
-    except ApiError as exc:
-        raise api_error_exit(exc) from None
-    if as_json:
-        emit_json(record)
-        return
-    err.print(
-        f"{record['name']}: {record['samples']} samples; {_arrays(record)}",
-        markup=False,
-        highlight=False,
+    record = stored.fetched(
+        lambda: repro_client(api, token).datasets.push(file, name=name or file.name)
     )
-    typer.echo(record["digest"])
+    stored.pushed(record, as_json=as_json, summary=_summary)
+
+
+def _summary(record: stored.Answer) -> str:
+    return f"{record['name']}: {record['samples']} samples; {_arrays(record)}"
 
 
 @dataset_app.command("list", cls=Command)
 def list_(
-    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    limit: stored.LimitOption = 50,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     as_json: JsonFlag = False,
@@ -74,63 +64,45 @@ def list_(
     Digests are printed whole, unless stdout is a terminal too narrow for them: then as
     prefixes unique among those listed.
     """
-    from rich.table import Table
+    page = stored.fetched(lambda: repro_client(api, token).datasets.page(limit=limit))
+    headers = ("name", "samples", "size", "arrays", "pushed by", "when")
+    stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
-    from worker.node.api_errors import ApiError
 
-    try:
-        page = api_client(api, token).datasets(limit=limit)
-    except ApiError as exc:
-        raise api_error_exit(exc) from None
-    if as_json:
-        emit_json(page)
-        return
-
-    def make(digests: list[str]) -> Table:
-        table = Table("digest", "name", "samples", "size", "arrays", "pushed by", "when")
-        for d, digest in zip(page["items"], digests, strict=True):
-            table.add_row(
-                digest,
-                d["name"],
-                str(d["samples"]),
-                str(d["size"]),
-                _arrays(d),
-                d["pushed_by"],
-                d["created_at"],
-            )
-        return table
-
-    # "sha256:" and 12 hex digits at least, as `docker images` shows image IDs.
-    print_table(make, [d["digest"] for d in page["items"]], shortest=19)
+def _cells(d: stored.Answer) -> list[str]:
+    return [
+        d["name"],
+        str(d["samples"]),
+        str(d["size"]),
+        _arrays(d),
+        d["pushed_by"],
+        d["created_at"],
+    ]
 
 
 @dataset_app.command("show", cls=Command)
 def show(
-    digest: Annotated[str, typer.Argument(help="sha256:<hex> (or the bare hex)")],
+    digest: stored.DigestArgument,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """One dataset: its arrays with shapes and dtypes, who pushed it, which runs used it."""
-    from worker.node.api_errors import ApiError
+    record = stored.fetched(lambda: repro_client(api, token).datasets.get(digest))
+    stored.shown(record, as_json=as_json, lines=_lines)
 
-    try:
-        record = api_client(api, token).dataset(digest)
-    except ApiError as exc:
-        raise api_error_exit(exc) from None
-    if as_json:
-        emit_json(record)
-        return
-    typer.echo(f"digest     {record['digest']}")
-    typer.echo(f"name       {record['name']}")
-    typer.echo(f"format     {record['format']}, {record['size']} bytes")
-    typer.echo(f"samples    {record['samples']}")
-    for a in record["arrays"]:
-        typer.echo(f"array      {a['name']}: {a['dtype']} {tuple(a['shape'])}")
-    typer.echo(f"pushed by  {record['pushed_by']} at {record['created_at']}")
-    runs = ", ".join(str(r) for r in record["runs"]) or "none"
-    more = record["runs_total"] - len(record["runs"])
-    typer.echo(f"runs       {runs}" + (f" (and {more} more)" if more > 0 else ""))
+
+def _lines(record: stored.Answer) -> list[str]:
+    arrays = [f"array      {a['name']}: {a['dtype']} {tuple(a['shape'])}" for a in record["arrays"]]
+    return [
+        f"digest     {record['digest']}",
+        f"name       {record['name']}",
+        f"format     {record['format']}, {record['size']} bytes",
+        f"samples    {record['samples']}",
+        *arrays,
+        f"pushed by  {record['pushed_by']} at {record['created_at']}",
+        stored.runs_line(record, width=11),
+    ]
 
 
 def register(app: typer.Typer) -> None:

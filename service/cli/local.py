@@ -23,16 +23,28 @@ if TYPE_CHECKING:  # imported where used: every `repro` command starts without N
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def validate(spec: Path, as_json: JsonFlag = False) -> None:
-    """Check a spec (fields and component names) and print its hash."""
+def validate(
+    spec: Path,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(help="the dataset file dataset.data names: check that it fits the spec"),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check a spec (fields, component names, whether its data fits its model) and print
+    its hash."""
+    from worker.data.dataset_format import DatasetFormatError, inspect_dataset
     from worker.errors import SpecError
+    from worker.models.data_fit import check_data_fit
     from worker.models.registry import check_spec
     from worker.spec import load_spec
 
     try:
         parsed = load_spec(spec)
         check_spec(parsed)
-    except (SpecError, OSError) as exc:
+        # The same judgement as the server's at submit, which reads the pushed dataset's record.
+        check_data_fit(parsed, inspect_dataset(dataset) if dataset is not None else None)
+    except (SpecError, OSError, DatasetFormatError) as exc:
         errors = [_with_suggestion(e) for e in getattr(exc, "errors", [])]
         if as_json:
             emit_json({"valid": False, "error": named(str(exc), spec), "errors": errors})

@@ -24,16 +24,21 @@ def dashboard_router() -> APIRouter:
         audits_page,
         certificate_page,
         compare_page,
+        compare_runs_page,
+        datasets_page,
         experiment_page,
+        experiments_page,
         login,
+        models_page,
         run_page,
         runs_page,
         workers_page,
     )
 
     router = APIRouter(include_in_schema=False)
-    for page in (login, runs_page, run_page, compare_page, experiment_page, certificate_page,
-                 audits_page, workers_page):  # fmt: skip
+    for page in (login, runs_page, run_page, compare_page, compare_runs_page, experiment_page,
+                 certificate_page, audits_page, workers_page, experiments_page,
+                 datasets_page, models_page):  # fmt: skip
         router.include_router(page.router)
     return router
 

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import IdPath, ReadSessionDep
-from service.dashboard import charts, run_rows
+from service.dashboard import charts, models_page, run_rows
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
 from service.persistence.models import Experiment, Run, Verdict
 from service.runs import experiments as svc
@@ -106,4 +106,5 @@ def experiment_page(
         truncated=len(runs) > MAX_TREE,
         runs=runs[:MAX_TREE],
         **family_view(db, runs[:MAX_TREE]),
+        model=models_page.model_of(db, experiment),
     )

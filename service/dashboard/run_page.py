@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import IdPath, ReadSessionDep
-from service.dashboard import charts, provenance_view, run_rows
+from service.dashboard import charts, models_page, provenance_view, run_rows
 from service.dashboard.actions import perform
 from service.dashboard.runs_page import MAX_POLLS, PollCount
 from service.dashboard.session import Viewer
@@ -85,6 +85,7 @@ def page_context(db: Session, live: dict[str, Any]) -> dict[str, Any]:
         "verdict": db.scalar(select(Verdict).where(Verdict.run_id == run.id)),
         "files": files,
         "max_copies": MAX_AUDIT_COPIES,
+        "model": models_page.model_of(db, run.experiment),
     }
 
 
@@ -171,13 +172,16 @@ async def audit(request: Request, run_id: IdPath) -> RedirectResponse:
         if not text.isdigit() or not 2 <= int(text) <= MAX_AUDIT_COPIES:
             raise MalformedBody(f"copies must be a whole number from 2 to {MAX_AUDIT_COPIES}")
         run = svc.get_run(db, run_id)
+        settings = request.app.state.settings
         try:
             spec = ExperimentSpec.model_validate(run.experiment.spec)
-            registry.check_spec(spec)
+            # A code bundle's components are known only within its context.
+            with svc.code_components(db, spec, settings):
+                registry.check_spec(spec)
         except (SpecError, ValueError) as exc:
             raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
         _, first, _ = svc.create_experiment(
-            db=db, spec=spec, actor=viewer.principal, copies=int(text)
+            db=db, spec=spec, actor=viewer.principal, copies=int(text), settings=settings
         )
         return f"/audits/{first.audit_id}"
 

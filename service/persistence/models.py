@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Float,
     ForeignKey,
     Index,
     String,
@@ -308,3 +309,14 @@ class CodeBundle(_Pushed, Base):
     pushed_by_id: Mapped[int | None] = mapped_column(
         ForeignKey("api_tokens.id", name="fk_code_bundles_pushed_by_id")
     )
+
+
+class RunMetric(Base):
+    """A run's final value of one recorded metric, so the runs page sorts by it on an index."""
+
+    __tablename__ = "run_metrics"
+    __table_args__ = (Index("ix_run_metrics_name_value_run", "name", "value", "run_id"),)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
 from service.json_bounds import MAX_INT_DIGITS, exceeds_int_digits
 from service.persistence.models import Experiment, Run, utcnow
 from service.runs import result_size, resume_points
-from service.storage import datasets
+from service.storage import code_bundles, datasets, model_definitions
 from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.models import registry
 from worker.spec import ExperimentSpec, parse_spec, parse_spec_text
@@ -23,12 +24,13 @@ from worker.training.seeds import resolve_seed
 
 
 def parse_submission(
-    body: bytes, fmt: Literal["json", "yaml"], *, settings: Settings
+    body: bytes, fmt: Literal["json", "yaml"], *, settings: Settings, db: Session | None = None
 ) -> ExperimentSpec:
     """The validated spec of a request body; MalformedBody or InvalidSpec otherwise."""
     try:
         spec = parse_spec_text(body, fmt=fmt)
-        registry.check_spec(spec)
+        with code_components(db, spec, settings):
+            registry.check_spec(spec)
     except MalformedSpecError as exc:
         raise MalformedBody(str(exc), errors=exc.errors) from None
     except RecursionError:  # the parsers recurse once per level of nesting
@@ -40,10 +42,24 @@ def parse_submission(
             raise
         msg = f"a number in the spec has more than {MAX_INT_DIGITS} digits"
         raise InvalidSpec(msg, errors=[{"loc": "$", "msg": msg}]) from None
-    check_limits(spec, settings)
+    with code_components(db, spec, settings):
+        check_limits(spec, settings)
     check_deliverable(spec, settings)
     check_storable(spec)
     return spec
+
+
+def code_components(
+    db: Session | None, spec: ExperimentSpec, settings: Settings
+) -> contextlib.AbstractContextManager[None]:
+    """A block in which the components of the spec's code bundle count as known; InvalidSpec
+    when bundles are off or the spec's bundle is not stored."""
+    if spec.code is None:
+        return contextlib.nullcontext()
+    code_bundles.check_allowed(settings, loc="code")
+    bundle = code_bundles.require_held(db, spec.code, settings) if db is not None else None
+    entry_points = bundle.entry_points if bundle is not None else []
+    return registry.bundled_components(entry_points, f"code bundle {spec.code}")
 
 
 def check_deliverable(spec: ExperimentSpec, settings: Settings) -> None:
@@ -126,6 +142,7 @@ def create_experiment(
     request_hash: str | None = None,
     actor: Principal | None = None,
     copies: int = 1,
+    settings: Settings | None = None,
 ) -> tuple[Experiment, Run, bool]:
     """Store the spec with its resolved seed and queue its first run.
 
@@ -139,7 +156,7 @@ def create_experiment(
         found = _by_idempotency_key(db, idempotency_key, request_hash)
         if found is not None:
             return found[0], found[1], False
-    datasets.require_held(db, spec.dataset.data)
+    _require_stored_inputs(db, spec, settings)
     seed = resolve_seed(spec.seed)
     resolved = spec.with_seed(seed)
     experiment = Experiment(
@@ -152,14 +169,10 @@ def create_experiment(
         image=spec.environment.image,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
+        code_digest=spec.code,
+        model_digest=spec.model.definition,
     )
-    replicas = spec.distribution.replicas
-    run = Run(
-        experiment=experiment,
-        status="queued",
-        required_image=spec.environment.image,
-        replicas=replicas,
-    )
+    run = _queued_run(experiment, spec)
     db.add_all([experiment, run])
     try:
         db.flush()
@@ -174,15 +187,7 @@ def create_experiment(
     if copies > 1:
         run.audit_id = run.id
         db.add_all(
-            Run(
-                experiment=experiment,
-                status="queued",
-                required_image=spec.environment.image,
-                rerun_of_id=run.id,
-                family_id=run.id,
-                audit_id=run.id,
-                replicas=replicas,
-            )
+            _queued_run(experiment, spec, rerun_of_id=run.id, family_id=run.id, audit_id=run.id)
             for _ in range(copies - 1)
         )
     audit(
@@ -195,6 +200,26 @@ def create_experiment(
     )
     db.commit()
     return experiment, run, True
+
+
+def _require_stored_inputs(db: Session, spec: ExperimentSpec, settings: Settings | None) -> None:
+    # Everything the spec names by digest must be held, usable and fit the model: a 422 now,
+    # not a failed run later.
+    datasets.require_held(db, spec.dataset.data)
+    datasets.require_fit(db, spec)
+    code_bundles.require_held(db, spec.code, settings)
+    model_definitions.require_usable(db, spec, settings)
+
+
+def _queued_run(experiment: Experiment, spec: ExperimentSpec, **family: int) -> Run:
+    return Run(
+        experiment=experiment,
+        status="queued",
+        required_image=spec.environment.image,
+        replicas=spec.distribution.replicas,
+        needs_code=spec.code is not None,
+        **family,
+    )
 
 
 def scoped_idempotency_key(key: str, actor: Principal | None) -> str:
@@ -236,7 +261,9 @@ def get_experiment(db: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
-def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
+def rerun(
+    *, db: Session, run_id: int, actor: Principal | None = None, settings: Settings | None = None
+) -> Run:
     """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
     original = get_run(db, run_id)
     if original.kind != "train":
@@ -244,12 +271,17 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     if original.status == "cancelled":
         raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
     spec = original.experiment.spec
+    code = spec.get("code")
+    code_bundles.require_held(db, code, settings)
     try:
         # parse_spec: a stored spec past today's bounds is a SpecError, not a 500.
-        registry.check_spec(parse_spec(spec))
+        parsed = parse_spec(spec)
+        with registry.bundled_components(code_bundles.entry_points_of(db, code), str(code)):
+            registry.check_spec(parsed)
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
     datasets.require_held(db, (spec.get("dataset") or {}).get("data"))
+    model_definitions.require_held(db, (spec.get("model") or {}).get("definition"))
     # Pin what the original actually ran on, so the rerun cannot silently change image.
     image = reported_image(original.provenance) or original.required_image
     new = Run(
@@ -259,6 +291,7 @@ def rerun(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
         status="queued",
         required_image=image,
         replicas=original.replicas,
+        needs_code=code is not None,
     )
     db.add(new)
     db.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, and_, delete, exists, or_, select, update
+from sqlalchemy import CursorResult, and_, delete, exists, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
 
 from service import metrics
@@ -24,7 +24,7 @@ from service.persistence.models import (
     Worker,
     utcnow,
 )
-from service.runs import resume_points
+from service.runs import final_metrics, resume_points
 from service.runs import wakeups as bell
 from service.runs.experiments import reported_image
 from service.verification import verdicts
@@ -99,16 +99,29 @@ def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
 
 
 def waiting_reason(
-    *, db: Session, required_image: str | None, replicas: int, settings: Settings
+    *,
+    db: Session,
+    required_image: str | None,
+    replicas: int,
+    settings: Settings,
+    needs_code: bool = False,
 ) -> str | None:
     """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
-    or none offers as many devices as it asks replicas (None when some live worker could
-    take it)."""
+    none offers as many devices as it asks replicas, or it has a code bundle and no live
+    worker accepts code (None when some live worker could take it)."""
     live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
     live = db.execute(
         select(Worker.images, Worker.devices).where(Worker.last_seen_at >= live_since)
     ).all()
     reasons = []
+    if needs_code and not db.scalar(
+        select(exists().where(Worker.last_seen_at >= live_since, Worker.accepts_code))
+    ):
+        reasons.append(
+            "it runs a code bundle and no live worker accepts code: the run stays queued until "
+            "a worker with the docker executor, or a process worker started with --trust-code, "
+            "claims it"
+        )
     if required_image is not None and not any(
         required_image in (images or []) for images, _ in live
     ):
@@ -148,6 +161,8 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
         ),
         or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
         candidate.replicas <= worker.devices,
+        # A code bundle runs only where the worker said it accepts code.
+        true() if worker.accepts_code else candidate.needs_code.is_(False),
         _spread(candidate, worker, now - timedelta(seconds=settings.lease_seconds)),
     )
     candidates = select(candidate.id).where(runnable).order_by(candidate.id).limit(1)
@@ -266,6 +281,7 @@ def complete(
     principal: Principal | None = None,
     allowed_images: list[str] | None = None,
     max_checkpoint_bytes: int | None = None,
+    max_sortable_metrics: int = 64,
 ) -> Run:
     """Record a job's result document; a rerun gets its verdict.
 
@@ -297,6 +313,7 @@ def complete(
     run.trace_granularity = result.trace_granularity
     run.provenance = result.provenance
     run.metrics = result.metrics
+    final_metrics.record(db, run, max_names=max_sortable_metrics)
     run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
     run.resumed_from_step = result.resumed_from_step
     run.error = error or (result.error.model_dump() if result.error else None)

@@ -370,6 +370,7 @@ def create_refinement(
                 required_worker=name,
                 job_options=options,
                 replicas=original.replicas,
+                needs_code=original.needs_code,  # only a worker that accepts code re-runs it
             )
         )
     db.add_all(refine_runs)

@@ -140,7 +140,9 @@ def test_every_builtin_architecture_has_a_spec_here() -> None:
     builtin = {
         c.name for c in registry.components("architecture").values() if c.source == "builtin"
     }
-    assert set(ARCHITECTURE_SPECS) == builtin
+    # `keras` builds whatever stored definition a spec names: its runs are fingerprinted in
+    # tests/integration/test_model_definitions_e2e.py.
+    assert set(ARCHITECTURE_SPECS) == builtin - {"keras"}
 
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURE_SPECS))

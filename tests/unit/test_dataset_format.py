@@ -44,7 +44,7 @@ def test_an_npz_is_described_and_opened_as_saved(tmp_path: Path, save: object) -
     assert info.samples == 5
     assert info.arrays == (
         ArrayInfo("x", (5, 8, 8, 1), "float32"),
-        ArrayInfo("y", (5,), "int64"),
+        ArrayInfo("y", (5,), "int64", low=0, high=2),  # an integer array's range is read too
         ArrayInfo("mask", (5,), "bool"),
     )
     arrays = open_arrays(path)

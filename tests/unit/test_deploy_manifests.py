@@ -274,7 +274,7 @@ def test_deploy_yaml_is_lint_clean() -> None:
 
 def test_dockerfiles_are_hadolint_clean() -> None:
     dockerfiles = sorted(DOCKER.glob("*Dockerfile"))
-    assert {f.name for f in dockerfiles} == {"Dockerfile", "postgres.Dockerfile"}
+    assert {f.name for f in dockerfiles} == {"Dockerfile", "postgres.Dockerfile", "user.Dockerfile"}
     out = _run(_tool("hadolint"), *map(str, dockerfiles))
     assert out.returncode == 0, out.stdout + out.stderr
     for f in dockerfiles:

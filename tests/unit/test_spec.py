@@ -76,7 +76,8 @@ def _leaf_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...
 def _changed(path: tuple[Any, ...], value: Any) -> Any:
     """A different value of the same kind, valid wherever the original was."""
     if value is None:
-        if path == ("dataset", "data"):
+        # A stored dataset, code bundle or model definition.
+        if path in (("dataset", "data"), ("code",), ("model", "definition")):
             return "sha256:" + "ab" * 32
         return "registry.example/img:1" if path == ("environment", "image") else 2
     if value == "autotune":
@@ -124,9 +125,10 @@ def test_fields_added_later_keep_older_hashes_while_at_their_defaults() -> None:
     explicit["distribution"] = {"replicas": 1}
     explicit["dataset"]["data"] = None
     explicit["training"]["checkpoint_every_steps"] = None
+    explicit["model"]["definition"] = None
     canonical = parse_spec(explicit).canonical_json()
     assert "distribution" not in canonical and "checkpoint_every_steps" not in canonical
-    assert '"data"' not in canonical
+    assert '"data"' not in canonical and '"definition"' not in canonical
     assert parse_spec(explicit).spec_hash() == parse_spec(BASE).spec_hash()
     two = copy.deepcopy(BASE)
     two["distribution"] = {"replicas": 2}

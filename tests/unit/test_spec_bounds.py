@@ -184,7 +184,8 @@ def test_an_oversized_model_is_refused_at_submission(tmp_path: Path) -> None:
 
 
 def test_a_model_that_cannot_take_the_data_is_left_to_the_worker(tmp_path: Path) -> None:
-    # small_cnn on flat feature vectors: no count at submission; the job fails saying why.
+    # small_cnn on flat feature vectors: no count for the size limit, which leaves it alone;
+    # the data-fit check refuses it when the experiment is created (test_token_data.py).
     spec = _with(model={"architecture": "small_cnn", "params": {}})
     assert _submit(spec, tmp_path, max_model_parameters=1) is None
 

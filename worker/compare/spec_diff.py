@@ -76,6 +76,8 @@ def why_it_matters(diff: Sequence[Mapping[str, Any]]) -> str | None:
 _FROM_SPEC: tuple[tuple[str, str], ...] = (
     ("dataset.digest", "another dataset: the rows training reads may differ"),
     ("dataset.", "another dataset: its arrays differ"),
+    ("model_definition.", "another model definition: its layers differ"),
+    ("code.", "another code bundle: the training code differs"),
     ("seed", "another seed draws other initial weights and data"),
     ("seed.", "another seed draws other initial weights and data"),
     ("spec_hash", "another spec: the data or the computation may differ"),

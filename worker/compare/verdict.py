@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.compare.code_diff import add_code_diff
+from worker.compare.model_diff import add_model_diff
 from worker.compare.numeric_diff import array_difference
 from worker.compare.spec_diff import (
     classify_provenance,
@@ -135,8 +137,36 @@ def _cause(point: TracePoint, a: RunRecord, b: RunRecord) -> tuple[str, dict[str
     return ("compute" if data["equal"] else "data"), data
 
 
+def verdict_of(a: RunRecord, b: RunRecord) -> tuple[str, str]:
+    """The verdict `build_report` gives, with a short reason, from statuses, specs, trace
+    fingerprints and final fingerprints alone: no per-variable digest or checkpoint is read."""
+    reason = _incomparable_reason(a, b)
+    if reason is not None:
+        return "incomparable", reason
+    located = locate_divergence(a.trace, b.trace)
+    if not located.common:
+        return "incomparable", "the runs have no trace point in common"
+    if located.first is not None:
+        return "diverged", f"diverged at {located.common[located.first][0].label()}"
+    if (
+        not located.unmatched_a
+        and not located.unmatched_b
+        and a.final_fingerprint is not None
+        and a.final_fingerprint == b.final_fingerprint
+    ):
+        return "identical", str(a.final_fingerprint)
+    if located.unmatched_a or located.unmatched_b:
+        return "incomparable", "the runs recorded different trace points"
+    return "incomparable", "the final fingerprints differ"
+
+
 def build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     """The full comparison report of run b against run a (see docs: "Comparing runs")."""
+    report = add_code_diff(_build_report(a, b), a.provenance, b.provenance)
+    return add_model_diff(report, a.provenance, b.provenance)
+
+
+def _build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     reason = _incomparable_reason(a, b)
     if reason is not None:
         return _incomparable(reason, a, b)

@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from worker.data import arrays_fit
 from worker.data.batch_source import BatchSource
 from worker.errors import GeneratorError
 from worker.models import builtin_params as bp
 
 _NAME = "arrays"
 _SPLIT_SALT = 0x5EED5  # second word of the split's key: apart from any run seed
-_AUGMENTATIONS = ("flip_left_right", "crop_padding", "brightness", "contrast", "noise_stddev")
+_AUGMENTATIONS = arrays_fit.AUGMENTATIONS
 
 
 def _split_rows(n: int, n_eval: int, split_seed: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -110,10 +111,27 @@ def _augment(x: tf.Tensor, seed: tf.Tensor, p: bp.ArraysParams) -> tf.Tensor:
     return x
 
 
+def _token_ids(x: np.ndarray, p: bp.ArraysParams, token_ids: bool) -> tuple[bool, int | None]:
+    """(whether x stays integer token ids, their vocabulary), by the rules the API checks."""
+    try:
+        if not arrays_fit.keeps_integers(x.dtype.name, p, token_ids=token_ids):
+            return False, None
+        low, high = (int(x.min()), int(x.max())) if x.size else (None, None)
+        return True, arrays_fit.token_vocab(low, high, p) or 2
+    except arrays_fit.FitError as exc:
+        raise GeneratorError(_NAME, str(exc)) from None
+
+
 def arrays(
-    params: dict[str, Any], *, batch_size: int, data: dict[str, np.ndarray] | None = None
+    params: dict[str, Any],
+    *,
+    batch_size: int,
+    data: dict[str, np.ndarray] | None = None,
+    token_ids: bool = False,
 ) -> BatchSource:
-    """Batches of rows of the dataset's `x` and `y` arrays (see the module docstring)."""
+    """Batches of rows of the dataset's `x` and `y` arrays (see the module docstring);
+    integer `x` stays int32 token ids when `token_ids` (the architecture takes them) or
+    params.x_dtype says so, and becomes float32 otherwise."""
     p = bp.ArraysParams.model_validate(params)
     if data is None:
         raise GeneratorError(
@@ -128,6 +146,7 @@ def arrays(
             )
     x_np, y_np = data[p.x], data[p.y]
     augmenting = any(getattr(p, a) for a in _AUGMENTATIONS)
+    tokens, vocab_size = _token_ids(np.asarray(x_np), p, token_ids)
     if augmenting and x_np.ndim != 4:
         raise GeneratorError(
             _NAME, f"augmentation needs images [N, H, W, C]; {p.x!r} has shape {x_np.shape}"
@@ -141,7 +160,12 @@ def arrays(
         )
     # One copy in this process's memory, captured by the generator functions as an input
     # (not embedded in their graphs).
-    x_all = tf.constant(np.asarray(x_np))
+    x_all = tf.constant(np.asarray(x_np, dtype=np.int32) if tokens else np.asarray(x_np))
+
+    # Token ids are looked up as they are; anything else becomes float32 as it always has.
+    def convert(x: tf.Tensor) -> tf.Tensor:
+        return x if tokens else _normalise(x, p)
+
     y_all, num_classes = _labels(np.asarray(y_np), p.num_classes)
     train_rows, eval_rows = _split_rows(n, n_eval, p.split_seed)
     last_train = tf.constant(n_train - 1, tf.int64)
@@ -154,16 +178,17 @@ def arrays(
             positions = tf.random.experimental.index_shuffle(indices, epoch_seed, last_train)
         rows = tf.gather(train_rows, positions)
         x = tf.gather(x_all, rows)
-        x = _augment(x, seed, p) if augmenting else _normalise(x, p)
+        x = _augment(x, seed, p) if augmenting else convert(x)
         return x, tf.gather(y_all, rows)
 
     def arrays_eval_batch(indices: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         rows = tf.gather(eval_rows, indices)
-        return _normalise(tf.gather(x_all, rows), p), tf.gather(y_all, rows)
+        return convert(tf.gather(x_all, rows)), tf.gather(y_all, rows)
 
     return BatchSource(
         arrays_batch,
         num_classes=num_classes,
+        vocab_size=vocab_size,
         takes_epoch_seed=True,
         eval_batch_generator=arrays_eval_batch if n_eval else None,
         train_samples=n_train,

@@ -17,9 +17,9 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import IO, BinaryIO, Literal
 
 import numpy as np
 
@@ -56,6 +56,10 @@ class ArrayInfo:
     name: str
     shape: tuple[int, ...]
     dtype: str  # NumPy's name: "float32", "uint8", "bool"
+    # Smallest and largest value of an integer array, found while every byte is checked, so
+    # token ids and class labels can be checked against a spec before any job reads them.
+    low: int | None = None
+    high: int | None = None
 
 
 @dataclass(frozen=True)
@@ -206,18 +210,53 @@ def _npz_members(
 
 
 def _npz_inspect(path: Path, max_bytes: int, where: str) -> DatasetInfo:
-    _, info = _npz_members(path, max_bytes, where)
+    members, info = _npz_members(path, max_bytes, where)
+    ranges: dict[str, tuple[int, int]] = {}
     try:
         with zipfile.ZipFile(path) as zf:
             for zinfo in zf.infolist():
+                member = members.get(zinfo.filename.removesuffix(".npy"))
                 # Reading a member to its end checks its CRC; a truncated or altered one fails.
                 with zf.open(zinfo) as fh:
-                    while fh.read(_CHUNK):
-                        pass
+                    found = _read_range(fh, zinfo, member)
+                if found is not None and member is not None:
+                    ranges[member.name] = found
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         reason = _renamed(str(exc), path, where)
         raise DatasetFormatError(f"{where}: corrupt or truncated ({reason})") from None
-    return info
+    arrays = tuple(
+        replace(a, low=ranges[a.name][0], high=ranges[a.name][1]) if a.name in ranges else a
+        for a in info.arrays
+    )
+    return replace(info, arrays=arrays)
+
+
+def _read_range(
+    fh: IO[bytes], zinfo: zipfile.ZipInfo, member: Member | None
+) -> tuple[int, int] | None:
+    """Reads the member to its end; (min, max) of its values when it is a non-empty integer
+    array, in chunks of whole items so memory stays bounded."""
+    integer = member is not None and member.dtype.kind in "iu" and member.nbytes > 0
+    if member is None or not integer:
+        while fh.read(_CHUNK):
+            pass
+        return None
+    fh.read(zinfo.file_size - member.nbytes)  # the .npy header
+    size = member.dtype.itemsize
+    step = max(size, _CHUNK - _CHUNK % size)
+    low: int | None = None
+    high: int | None = None
+    rest = b""
+    while chunk := fh.read(step):
+        data = rest + chunk
+        whole = len(data) - len(data) % size
+        rest = data[whole:]
+        if whole:
+            values = np.frombuffer(data[:whole], dtype=member.dtype)
+            lo, hi = int(values.min()), int(values.max())
+            low = lo if low is None else min(low, lo)
+            high = hi if high is None else max(high, hi)
+    return None if low is None or high is None else (low, high)
 
 
 def _data_offset(fh: BinaryIO, zinfo: zipfile.ZipInfo, header_bytes: int) -> int:

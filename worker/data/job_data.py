@@ -30,9 +30,9 @@ class JobData:
     warnings: list[str] = field(default_factory=list)
 
 
-def _reads_data(factory: Callable[..., Any]) -> bool:
+def _takes(factory: Callable[..., Any], argument: str) -> bool:
     try:
-        return "data" in inspect.signature(factory).parameters
+        return argument in inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a callable without a signature: the old contract
         return False
 
@@ -47,15 +47,22 @@ def build_job_data(
     factory = gen.load()
     params = gen.validate_params(ds.params, loc="dataset.params")
     warnings: list[str] = []
-    if _reads_data(factory):
-        source = factory(params, batch_size=ds.batch_size, data=data)
+    extra: dict[str, Any] = {}
+    if _takes(factory, "token_ids"):
+        # Whether the model looks up integer token ids: the architecture says so itself.
+        arch = registry.get_component(
+            "architecture", spec.model.architecture, loc="model.architecture"
+        )
+        extra["token_ids"] = arch.takes_token_ids()
+    if _takes(factory, "data"):
+        source = factory(params, batch_size=ds.batch_size, data=data, **extra)
     else:
         if data is not None:
             warnings.append(
                 f"generator {ds.generator!r} does not read stored datasets: dataset.data "
                 "names a dataset this run never used"
             )
-        source = factory(params, batch_size=ds.batch_size)
+        source = factory(params, batch_size=ds.batch_size, **extra)
     if not isinstance(source, BatchSource):
         raise GeneratorError(ds.generator, "its factory must return a BatchSource")
     _check_sizes(spec, source)

@@ -15,6 +15,7 @@ class _Params(BaseModel):
 
 
 Dim = Annotated[int, Field(ge=1, le=65_536)]
+MAX_VOCAB_SIZE = 1_000_000  # token ids a vocabulary may hold (an embedding row each)
 
 
 class GaussianBlobsParams(_Params):
@@ -47,7 +48,7 @@ class PatternImagesParams(_Params):
 class TokenSequencesParams(_Params):
     """Integer token sequences; the label is the class whose tokens occur most often."""
 
-    vocab_size: Annotated[int, Field(ge=4, le=1_000_000)] = 32
+    vocab_size: Annotated[int, Field(ge=4, le=MAX_VOCAB_SIZE)] = 32
     seq_len: Annotated[int, Field(ge=2, le=4096)] = 16
     num_classes: Annotated[int, Field(ge=2, le=64)] = 2
 
@@ -98,7 +99,13 @@ class ArraysParams(_Params):
     eval_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
     split_seed: Annotated[int, Field(ge=0)] = 0
     shuffle: bool = True
-    # x becomes float32 x * scale + offset (e.g. scale 1/255 for uint8 pixels).
+    # Integer x stays integer (int32 token ids) when the architecture takes token ids or
+    # `x_dtype` is "int32"; "float32" converts it whatever the architecture. None: decided by
+    # the architecture. Unset (None) leaves existing specs' hashes as they were.
+    x_dtype: Literal["float32", "int32"] | None = None
+    # Token ids run over 0..vocab_size-1; None: the dataset's largest id + 1.
+    vocab_size: Annotated[int, Field(ge=2, le=MAX_VOCAB_SIZE)] | None = None
+    # Float x becomes float32 x * scale + offset (e.g. scale 1/255 for uint8 pixels).
     scale: float = 1.0
     offset: float = 0.0
     # Augmentation of training images [H, W, C], each sample drawn independently.

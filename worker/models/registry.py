@@ -7,10 +7,12 @@ listed without importing anything heavy, so the API can validate specs cheaply.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Literal
@@ -21,6 +23,7 @@ from worker.data.batch_source import DataInfo
 from worker.errors import SpecError, UnknownComponentError
 from worker.models import builtin_params as bp
 from worker.models import component_params as cp
+from worker.models import keras_definition as kd
 from worker.models import model_size as ms
 from worker.spec import ExperimentSpec, format_validation_error
 
@@ -46,9 +49,23 @@ class Component:
     data_info: Callable[[dict[str, Any]], DataInfo] | None = None
     count_parameters: Callable[[dict[str, Any], DataInfo], int] | None = None
     _entry_point: metadata.EntryPoint | None = field(default=None, compare=False, repr=False)
+    # Declared by a code bundle the API knows only from its metadata: never imported here, its
+    # params are checked by the job that installs it.
+    bundled: bool = False
+    # An architecture whose model looks up integer token ids (an embedding): generators keep
+    # integer data as integers for it. A plugin factory may say so as `takes_token_ids = True`.
+    token_ids: bool = False
+
+    def takes_token_ids(self) -> bool:
+        """Whether this architecture's model takes integer token ids as its input."""
+        if self.token_ids or self.bundled or self._entry_point is None:
+            return self.token_ids
+        return getattr(self.load(), "takes_token_ids", False) is True
 
     def load(self) -> Callable[..., Any]:
         """The factory callable."""
+        if self.bundled:
+            raise RuntimeError(f"{self.kind} {self.name!r} is in a code bundle: not loaded here")
         if self._entry_point is not None:
             obj: Callable[..., Any] = self._entry_point.load()
             return obj
@@ -59,6 +76,8 @@ class Component:
     def sizer(self, attribute: Literal["data_info", "count_parameters"]) -> Any:
         """The built-in or plugin-provided size function, or None when there is none."""
         found = getattr(self, attribute)
+        if self.bundled:
+            return None
         if found is None and self._entry_point is not None:
             found = getattr(self.load(), attribute, None)
         return found if callable(found) else None
@@ -66,6 +85,8 @@ class Component:
     def validate_params(self, params: dict[str, Any], *, loc: str) -> dict[str, Any]:
         """Params with defaults filled in; raises SpecError naming the bad field."""
         model = self.params_model
+        if self.bundled:
+            return dict(params)
         if model is None:
             loaded = self.load()
             model = getattr(loaded, "params_model", None)
@@ -147,6 +168,7 @@ _BUILTINS: tuple[Component, ...] = (
         "builtin",
         bp.TinyTransformerParams,
         count_parameters=ms.tiny_transformer_parameters,
+        token_ids=True,
     ),
     Component(
         "architecture",
@@ -155,6 +177,16 @@ _BUILTINS: tuple[Component, ...] = (
         "builtin",
         bp.GRUParams,
         count_parameters=ms.gru_parameters,
+        token_ids=True,
+    ),
+    # A Keras model definition stored by digest (`model.definition`); its size is counted
+    # from the definition itself (worker.models.keras_definition), not from params.
+    Component(
+        "architecture",
+        kd.ARCHITECTURE,
+        "worker.models.keras_model:from_definition",
+        "builtin",
+        kd.KerasDefinitionParams,
     ),
 )
 
@@ -201,9 +233,32 @@ def components(kind: Kind) -> dict[str, Component]:
     return dict(sorted(found.items()))
 
 
+_BUNDLED: contextvars.ContextVar[tuple[Component, ...]] = contextvars.ContextVar(
+    "bundled_components", default=()
+)
+
+
+@contextlib.contextmanager
+def bundled_components(entry_points: Sequence[Mapping[str, str]], source: str) -> Iterator[None]:
+    """Within the block, names a code bundle declares (`[{"group","name","value"}]`) count as
+    known, without importing anything; a bundle never shadows a built-in."""
+    groups = {group: kind for kind, group in ENTRY_POINT_GROUPS.items()}
+    found = tuple(
+        Component(groups[ep["group"]], ep["name"], ep["value"], source, bundled=True)
+        for ep in entry_points
+        if ep.get("group") in groups
+    )
+    token = _BUNDLED.set(found)
+    try:
+        yield
+    finally:
+        _BUNDLED.reset(token)
+
+
 def get_component(kind: Kind, name: str, *, loc: str = "") -> Component:
     """The component registered under `name`, or UnknownComponentError listing the known."""
-    known = components(kind)
+    bundled = {c.name: c for c in _BUNDLED.get() if c.kind == kind}
+    known = {**bundled, **components(kind)}
     if name not in known:
         raise UnknownComponentError(kind, name, list(known), loc=loc)
     return known[name]
@@ -217,6 +272,7 @@ def check_spec(spec: ExperimentSpec) -> None:
     _check_stored_data(spec)
     arch = get_component("architecture", spec.model.architecture, loc="model.architecture")
     arch.validate_params(spec.model.params, loc="model.params")
+    kd.check_spec_fields(spec.model.architecture, spec.model.definition)
     named = (
         ("optimizer", spec.training.optimizer.name, OPTIMIZERS, "training.optimizer.name"),
         ("loss", spec.training.loss.name, LOSSES, "training.loss.name"),

@@ -134,6 +134,7 @@ class Agent:
                     hostname=socket.gethostname(),
                     gpus=len(gpus),
                     cpu_devices=None if gpus else self.cpu_replicas,
+                    accepts_code=bool(getattr(self.executor, "accepts_code", False)),
                 )
             except ApiError as exc:
                 if not exc.retryable:

@@ -30,7 +30,6 @@ __all__ = [
 
 Id = int | str  # resource ids only ever go into URLs and bodies as the server gave them
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-PUSH_READ_SECONDS = 600.0  # a pushed dataset is checked whole before the answer
 
 
 class ApiClient(Transport):
@@ -199,6 +198,7 @@ class ApiClient(Transport):
         hostname: str,
         gpus: int | None = None,
         cpu_devices: int | None = None,
+        accepts_code: bool = False,
     ) -> dict[str, Any]:
         """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds", "devices"}."""
         body: dict[str, Any] = {
@@ -210,6 +210,8 @@ class ApiClient(Transport):
         }
         # Sent only when known, so a server from before device counts still takes the body.
         body.update({k: v for k, v in (("gpus", gpus), ("cpu_devices", cpu_devices)) if v})
+        if accepts_code:
+            body["accepts_code"] = True
         return as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
     def claim(self, worker_id: Id, *, wait: float = 0) -> dict[str, Any] | None:
@@ -265,42 +267,21 @@ class ApiClient(Transport):
         """Download an artifact to `dest`, which appears only once its SHA-256 matches."""
         return self._download(f"{API}/artifacts/{artifact_id}", dest, sha256=sha256)
 
-    def push_dataset(self, path: Path, *, name: str) -> dict[str, Any]:
-        """Stream a dataset file to the API with its SHA-256; returns its record."""
-        digest, size = file_sha256(path)
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "Content-Length": str(size),
-            "X-Content-SHA256": f"sha256:{digest}",
-        }
-        return as_dict(
-            self._send(  # content-addressed: sending the same bytes twice stores them once
-                lambda: self._http.build_request(
-                    "POST",
-                    f"{API}/datasets",
-                    params={"name": name},
-                    headers=headers,
-                    content=file_chunks(path),
-                    # The server reads every byte again before it answers.
-                    timeout=self._timeout(read=PUSH_READ_SECONDS),
-                ),
-                idempotent=True,
-            )
-        )
-
-    def datasets(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-        """A page of datasets: {"items": [...], "total": n}."""
-        params = {"limit": limit, "offset": offset}
-        return as_dict(self._call("GET", f"{API}/datasets", params=params))
-
-    def dataset(self, digest: str) -> dict[str, Any]:
-        """One dataset: its arrays, who pushed it, the runs that used it."""
-        return as_dict(self._call("GET", f"{API}/datasets/{digest}"))
+    def _download_stored(self, kind: str, digest: str, dest: Path) -> Path:
+        url = f"{API}/{kind}/{digest}/content"
+        return self._download(url, dest, sha256=digest.removeprefix("sha256:"))
 
     def download_dataset(self, digest: str, dest: Path) -> Path:
         """Download a dataset to `dest`, which appears only once its digest matches."""
-        url = f"{API}/datasets/{digest}/content"
-        return self._download(url, dest, sha256=digest.removeprefix("sha256:"))
+        return self._download_stored("datasets", digest, dest)
+
+    def download_code_bundle(self, digest: str, dest: Path) -> Path:
+        """Download a code bundle (wheel) to `dest`, which appears only once its digest matches."""
+        return self._download_stored("code", digest, dest)
+
+    def download_model_definition(self, digest: str, dest: Path) -> Path:
+        """Download a model definition to `dest`, which appears only once its digest matches."""
+        return self._download_stored("models", digest, dest)
 
     def complete(self, run_id: Id, worker_id: Id, result: dict[str, Any]) -> dict[str, Any]:
         """Report the job's result document; the server marks the run by result["status"]."""

@@ -125,6 +125,14 @@ class ClaimedRun:
             dataset_file = self._fetch_dataset(run["spec"])
         except (ApiError, OSError, ValueError) as exc:  # not served, or not storable here
             return self._dataset_unavailable(exc)
+        try:
+            code_file = self._fetch_code(run["spec"], attempt_dir)
+        except (ApiError, OSError, ValueError) as exc:
+            return self._code_unavailable(exc)
+        try:
+            model_file = self._fetch_model(run["spec"], attempt_dir)
+        except (ApiError, OSError, ValueError) as exc:
+            return self._model_unavailable(exc)
         if self.stop.is_set():  # stopped while downloading: do not start a job only to stop it
             return self.report("release", reason="worker shutting down")
         options = self.claim.get("job") or {}
@@ -141,6 +149,8 @@ class ClaimedRun:
             image=run.get("image"),
             environment=claim_environment(self.claim.get("provenance") or {}),
             dataset_file=dataset_file,
+            code_file=code_file,
+            model_file=model_file,
             # A re-trace of part of a run (until_epoch) ends mid-run: no model to take away.
             export_model=None
             if options.get("until_epoch") is not None
@@ -323,6 +333,55 @@ class ClaimedRun:
         memory = job_memory(getattr(self.executor, "memory", None))
         cache = DatasetCache(self.work_dir / "datasets", self.client, memory=memory)
         return cache.fetch(str(digest))
+
+    def _fetch_code(self, spec: dict[str, Any], attempt_dir: Path) -> Path | None:
+        """The run's code bundle, downloaded into its workspace and verified by digest."""
+        digest = spec.get("code")
+        if digest is None:
+            return None
+        match = re.fullmatch(r"sha256:([0-9a-f]{64})", str(digest))
+        if match is None:  # the digest becomes a file name
+            raise ValueError(f"not a code bundle digest: {digest!r}")
+        path = attempt_dir / "code" / f"{match.group(1)}.whl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.client.download_code_bundle(str(digest), path)
+        os.chmod(path, 0o444)  # what the job installs is what was verified
+        return path
+
+    def _fetch_model(self, spec: dict[str, Any], attempt_dir: Path) -> Path | None:
+        """The run's model definition, downloaded into its workspace and verified by digest."""
+        digest = (spec.get("model") or {}).get("definition")
+        if digest is None:
+            return None
+        match = re.fullmatch(r"sha256:([0-9a-f]{64})", str(digest))
+        if match is None:  # the digest becomes a file name
+            raise ValueError(f"not a model definition digest: {digest!r}")
+        path = attempt_dir / "model-definition" / match.group(1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.client.download_model_definition(str(digest), path)
+        os.chmod(path, 0o444)  # what the job loads is what was verified
+        return path
+
+    def _model_unavailable(self, exc: Exception) -> Report:
+        log.warning("run %s: model definition unavailable: %s", self.run_id, exc)
+        if isinstance(exc, ApiError) and exc.retryable:
+            return self.report("release", reason=f"model definition not available now ({exc})")
+        return self.report(
+            "fail",
+            error={
+                "type": "ModelDefinitionUnavailable",
+                "message": f"cannot fetch the model definition: {exc}",
+            },
+        )
+
+    def _code_unavailable(self, exc: Exception) -> Report:
+        log.warning("run %s: code bundle unavailable: %s", self.run_id, exc)
+        if isinstance(exc, ApiError) and exc.retryable:
+            return self.report("release", reason=f"code bundle not available now ({exc})")
+        return self.report(
+            "fail",
+            error={"type": "CodeBundleUnavailable", "message": f"cannot fetch the bundle: {exc}"},
+        )
 
     def _dataset_unavailable(self, exc: Exception) -> Report:
         log.warning("run %s: dataset unavailable: %s", self.run_id, exc)

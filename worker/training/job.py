@@ -4,6 +4,7 @@ the model-size check made before any weight is allocated."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from worker.data.job_data import build_job_data
 from worker.data.stateless_dataset import StatelessRngDataset, stateful_random_ops_in
 from worker.errors import ArchitectureError, GeneratorError
 from worker.models import registry
+from worker.models.keras_definition import read_definition
 from worker.models.model_size import check_parameter_limit
 from worker.record.fingerprint import fingerprint_state
 from worker.record.trace import PointKind, TracePoint
@@ -59,6 +61,7 @@ class Job:
         max_model_parameters: int | None = None,
         data: dict[str, np.ndarray] | None = None,
         placement: Placement | None = None,
+        model_definition: bytes | None = None,
     ) -> None:
         self.spec, self.seed = spec, seed
         self.placement = placement or Placement(1, [], "default")
@@ -73,16 +76,20 @@ class Job:
             "architecture", spec.model.architecture, loc="model.architecture"
         )
         arch_params = arch.validate_params(spec.model.params, loc="model.params")
-        unchecked = None
-        if max_model_parameters is not None:
-            unchecked = _check_size_unbuilt(arch, arch_params, info, max_model_parameters)
+        build, unchecked = _model_builder(
+            arch,
+            arch_params,
+            info,
+            definition=model_definition if spec.model.definition is not None else None,
+            limit=max_model_parameters,
+        )
         keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
         determinism.reseed(seed, "init")
         strategy = self.placement.strategy
         tr = spec.training
         # Under a strategy the model's and optimizer's variables are mirrored on every replica.
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            self.model = arch.load()(arch_params, info)
+            self.model = build(arch_params, info)
             if not isinstance(self.model, keras.Model):
                 raise ArchitectureError(
                     f"architecture {spec.model.architecture!r} did not return a keras.Model"
@@ -177,6 +184,29 @@ class Job:
         return TracePoint(
             kind=kind, epoch=epoch, step=step, fingerprint=fp.fingerprint, variables=fp.variables
         )
+
+
+def _model_builder(
+    arch: registry.Component,
+    params: dict[str, Any],
+    info: DataInfo,
+    *,
+    definition: bytes | None,
+    limit: int | None,
+) -> tuple[Callable[..., Any], str | None]:
+    """The architecture's factory (given the stored model definition, when the spec names
+    one), its size checked against `limit` before any weight exists where possible; and the
+    reason when that check must wait for the build."""
+    build = arch.load()
+    if definition is not None:
+        # A stored definition: counted from its config, before any weight exists.
+        if limit is not None:
+            counted = read_definition(definition).parameter_count
+            check_parameter_limit(counted, limit, how="counted from its config")
+        return functools.partial(build, definition=definition), None
+    if limit is None:
+        return build, None
+    return build, _check_size_unbuilt(arch, params, info, limit)
 
 
 def _check_size_unbuilt(

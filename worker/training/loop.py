@@ -59,6 +59,7 @@ def run_training(
     reporter: ProgressReporter,
     options: TrainingOptions,
     data: dict[str, np.ndarray] | None = None,
+    model_definition: bytes | None = None,
 ) -> TrainingOutcome:
     """Train the experiment (resuming from the newest checkpoint if asked) and trace it.
 
@@ -67,10 +68,13 @@ def run_training(
     0-based epoch) before the epoch's trace point, with `step` and `epoch` (1-based) in their
     logs. `training.checkpoint_every_steps` adds step checkpoints, and resume takes the newest
     checkpoint of either kind. `distribution.replicas` > 1 trains data-parallel. `data` is the
-    stored dataset's arrays (`dataset.data`), given to a generator factory that reads one.
+    stored dataset's arrays (`dataset.data`), given to a generator factory that reads one;
+    `model_definition` the bytes of the stored model definition (`model.definition`).
     """
     t_start = time.monotonic()
-    job, record = _set_up(spec, seed=seed, options=options, data=data)
+    job, record = _set_up(
+        spec, seed=seed, options=options, data=data, model_definition=model_definition
+    )
     out = TrainingOutcome(determinism=record, warnings=list(job.warnings))
     training = _Training(
         spec,
@@ -92,6 +96,7 @@ def _set_up(
     seed: SeedTuple,
     options: TrainingOptions,
     data: dict[str, np.ndarray] | None,
+    model_definition: bytes | None = None,
 ) -> tuple[Job, dict[str, Any]]:
     """Place the replicas, apply determinism and build the job; (job, determinism record)."""
     replicas = spec.distribution.replicas
@@ -111,7 +116,14 @@ def _set_up(
     placement.start()
     if replicas > 1:  # a one-replica record stays as it always was
         record["distribution"] = placement.record()
-    job = Job(spec, seed, max_model_parameters=max_model_parameters, data=data, placement=placement)
+    job = Job(
+        spec,
+        seed,
+        max_model_parameters=max_model_parameters,
+        data=data,
+        placement=placement,
+        model_definition=model_definition,
+    )
     return job, record
 
 

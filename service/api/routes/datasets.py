@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi import Path as PathParam
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
+from service.api import stored
 from service.api.deps import (
     AnyRole,
     Offset,
@@ -23,63 +22,29 @@ from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.persistence.models import Dataset
 from service.schemas import DatasetDetail, DatasetOut, Page
-from service.storage import datasets
+from service.storage import by_digest, datasets
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], route_class=JsonRoute)
 
-DigestPath = Annotated[
-    str,
-    PathParam(
-        pattern=datasets.DECLARED_DIGEST,
-        description="the dataset's digest, `sha256:<hex>` (the bare hex also works)",
-    ),
-]
+DigestPath = Annotated[str, stored.digest_path("the dataset's")]
 
 
 def _detail(db: Session, dataset: Dataset) -> DatasetDetail:
-    runs, total = datasets.runs_using(db, dataset.digest)
     return DatasetDetail(
         **DatasetOut.model_validate(dataset).model_dump(),
-        runs=runs,
-        runs_total=total,
-        content_url=f"/api/v1/datasets/{dataset.digest}/content",
+        **stored.used_by(datasets.STORE, db, dataset, prefix="datasets"),
     )
 
 
-@router.post(
-    "",
-    status_code=201,
-    response_model=DatasetDetail,
-    responses={
-        200: {"model": DatasetDetail, "description": "these bytes were already stored"},
-        **errors(400, 413, 422),
-    },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
-            },
-        }
-    },
-)
+@router.post("", **stored.push_route(DatasetDetail))
 async def push(
     request: Request,
     response: Response,
     db: SessionDep,
     settings: SettingsDep,
     principal: SubmitAccess,
-    x_content_sha256: Annotated[
-        str,
-        Header(
-            pattern=datasets.DECLARED_DIGEST,
-            description="SHA-256 of the body, `sha256:<hex>` or the bare hex",
-        ),
-    ],
-    name: Annotated[
-        str,
-        Query(pattern=datasets.NAME, description="a label for people; the digest identifies it"),
-    ],
+    x_content_sha256: stored.ContentDigest,
+    name: stored.PushName,
 ) -> DatasetDetail:
     """Store a dataset file (`.npz` of named numeric arrays, one row per sample) by digest.
 
@@ -90,19 +55,18 @@ async def push(
     once inflated, refused before any is inflated). Past `REPRO_MAX_DATASET_BYTES`: 413.
     Pushing bytes already stored answers 200 with the existing record.
     """
-    digest = datasets.declared_digest(x_content_sha256)
-    datasets.check_name(name)
+    digest = by_digest.declared_digest(x_content_sha256)
+    by_digest.check_name(name)
     directory = settings.resolved_datasets_dir
-    spooled, size = await datasets.spool(
+    spooled, size = await by_digest.spool(
         request.stream(),
         directory=directory,
         declared=digest,
         max_bytes=settings.max_dataset_bytes,
     )
 
-    def keep() -> DatasetDetail:
-        # Reading every byte of a large file and the database work stay off the event loop.
-        dataset, created = datasets.store(
+    def keep() -> tuple[Dataset, bool]:
+        return datasets.store(
             db=db,
             spooled=spooled,
             size=size,
@@ -112,12 +76,9 @@ async def push(
             max_inflated_bytes=settings.max_dataset_inflated_bytes,
             actor=principal,
         )
-        if not created:
-            response.status_code = 200
-        return _detail(db, dataset)
 
     try:
-        return await run_in_threadpool(keep)
+        return await stored.pushed(response, keep, lambda dataset: _detail(db, dataset))
     finally:
         spooled.unlink(missing_ok=True)
 
@@ -126,14 +87,11 @@ async def push(
 def list_datasets(
     db: ReadSessionDep,
     _: ReadAccess,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: stored.Limit = 50,
     offset: Offset = 0,
 ) -> Page[DatasetOut]:
     """Datasets, newest first."""
-    rows, total = datasets.page(db, limit=limit, offset=offset)
-    return Page(
-        items=[DatasetOut.model_validate(d) for d in rows], total=total, limit=limit, offset=offset
-    )
+    return stored.page_of(datasets.STORE, db, DatasetOut, limit=limit, offset=offset)
 
 
 @router.get("/{digest}", response_model=DatasetDetail, responses=errors(404, 422))
@@ -148,10 +106,8 @@ def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> FileR
     """The dataset's bytes (`X-Content-SHA256` says their digest). Readers may download any
     (404 for one not stored); a worker token only those of runs one of its workers holds
     (403 otherwise, stored or not)."""
-    dataset = datasets.readable(db, digest, principal)
-    return FileResponse(
-        datasets.local_path(dataset),
-        media_type="application/octet-stream",
-        headers={"X-Content-SHA256": dataset.digest, "X-Content-Type-Options": "nosniff"},
-        filename=f"{dataset.digest.removeprefix('sha256:')}.{dataset.format}",
+    dataset = datasets.STORE.readable(db, digest, principal)
+    filename = f"{dataset.digest.removeprefix('sha256:')}.{dataset.format}"
+    return stored.content_file(
+        by_digest.local_path(dataset), digest=dataset.digest, filename=filename
     )

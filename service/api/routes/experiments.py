@@ -23,6 +23,7 @@ from service.errors import BodyTooLarge, UnsupportedMediaType
 from service.persistence.models import Experiment
 from service.runs import experiments as svc
 from service.schemas import MAX_AUDIT_COPIES, ExperimentOut, Page, SubmitOut
+from worker.spec import held_out_warnings
 
 router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=JsonRoute)
 
@@ -88,7 +89,7 @@ def submit(
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in _FORMATS:
         raise UnsupportedMediaType(f"send the spec as JSON or YAML, not {content_type!r}")
-    spec = svc.parse_submission(body, _FORMATS[content_type], settings=settings)
+    spec = svc.parse_submission(body, _FORMATS[content_type], settings=settings, db=db)
     experiment, run, created = svc.create_experiment(
         db=db,
         spec=spec,
@@ -96,6 +97,7 @@ def submit(
         request_hash=svc.body_hash(body, content_type, copies) if idempotency_key else None,
         actor=principal,
         copies=copies,
+        settings=settings,
     )
     if not created:
         response.status_code = 200
@@ -103,6 +105,7 @@ def submit(
         experiment=ExperimentOut.model_validate(experiment),
         run=run_out(db, run),
         audit_id=run.audit_id,
+        warnings=held_out_warnings(spec),
     )
 
 

@@ -112,9 +112,9 @@ async def get_run(
 @router.post(
     "/{run_id}/rerun", status_code=202, response_model=RunOut, responses=errors(404, 409, 422)
 )
-def rerun(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
-    """Queue a rerun: same experiment, spec, seed and (when known) image."""
-    return run_out(db, svc.rerun(db=db, run_id=run_id, actor=principal))
+def rerun(run_id: IdPath, db: SessionDep, settings: SettingsDep, principal: SubmitAccess) -> RunOut:
+    """Queue a rerun: same experiment, spec, seed, code bundle and (when known) image."""
+    return run_out(db, svc.rerun(db=db, run_id=run_id, actor=principal, settings=settings))
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409, 422))

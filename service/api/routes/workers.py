@@ -83,6 +83,7 @@ def register(
         allowed_images=settings.worker_images,
         gpus=body.gpus,
         cpu_devices=body.cpu_devices,
+        accepts_code=body.accepts_code,
         max_images=settings.max_worker_images,
         max_names=settings.max_workers_per_token,
     )
@@ -265,6 +266,7 @@ def complete(
         principal=principal,
         allowed_images=settings.worker_images,
         max_checkpoint_bytes=settings.max_checkpoint_bytes,
+        max_sortable_metrics=settings.max_sortable_metrics,
     )
     if check.outcome == "refused":
         raise CheckpointRefused(f"run {run_id} failed: {check.message}")

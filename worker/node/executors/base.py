@@ -30,6 +30,10 @@ class JobRequest:
     dataset_file: Path | None = None
     # Where the job writes the final model (`.keras`) when it succeeds.
     export_model: Path | None = None
+    # The run's code bundle (a wheel inside the workspace, verified by digest), if it has one.
+    code_file: Path | None = None
+    # The run's Keras model definition (inside the workspace, verified by digest), if any.
+    model_file: Path | None = None
 
 
 def export_environment(request: JobRequest, workspace: Path | None = None) -> dict[str, str]:

@@ -126,6 +126,8 @@ class DockerExecutor:
     """Runs each job in a fresh container: no network, read-only root, limits, no privileges."""
 
     kind = "docker"
+    # Every job is sandboxed (no network, read-only root, no capabilities): code bundles run.
+    accepts_code = True
 
     def __init__(
         self,
@@ -221,14 +223,7 @@ class DockerExecutor:
         image = self.image_for(request.image)
         inside = [WORKSPACE / p.relative_to(request.attempt_dir) for p in _job_paths(request)]
         spec, out, checkpoints = inside
-        mounts = [Mount(str(WORKSPACE), str(request.attempt_dir), type="bind")]
-        dataset = None
-        if request.dataset_file is not None:
-            # The node's verified cache file, read-only: the job cannot alter what it checks.
-            dataset = DATASETS / request.dataset_file.name
-            mounts.append(
-                Mount(str(dataset), str(request.dataset_file), type="bind", read_only=True)
-            )
+        mounts, (dataset, code, model) = _job_mounts(request)
         argv = job_command(
             spec,
             out,
@@ -238,6 +233,8 @@ class DockerExecutor:
             trace_every_steps=request.trace_every_steps,
             until_epoch=request.until_epoch,
             dataset_file=dataset,
+            code_file=code,
+            model_file=model,
         )
         env = {**container_environment(), **_spec_environment(request.spec_path)}
         env.update(image.environment())
@@ -374,3 +371,22 @@ def _read_file(container: Container, path: str) -> str:
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
         member = archive.extractfile(Path(path).name)
         return member.read().decode("utf-8", "replace") if member else ""
+
+
+def _job_mounts(request: JobRequest) -> tuple[list[Mount], tuple[Path | None, ...]]:
+    """The workspace, and the verified inputs read-only: (mounts, (dataset, code, model))."""
+    mounts = [Mount(str(WORKSPACE), str(request.attempt_dir), type="bind")]
+    dataset = code = model = None
+    if request.dataset_file is not None:
+        # The node's verified cache file, read-only: the job cannot alter what it checks.
+        dataset = DATASETS / request.dataset_file.name
+        mounts.append(Mount(str(dataset), str(request.dataset_file), type="bind", read_only=True))
+    if request.code_file is not None:
+        # The wheel sits in the workspace; mounted over itself read-only, so the job
+        # installs exactly the bytes the agent verified.
+        code = WORKSPACE / request.code_file.relative_to(request.attempt_dir)
+        mounts.append(Mount(str(code), str(request.code_file), type="bind", read_only=True))
+    if request.model_file is not None:  # likewise: the definition the agent verified
+        model = WORKSPACE / request.model_file.relative_to(request.attempt_dir)
+        mounts.append(Mount(str(model), str(request.model_file), type="bind", read_only=True))
+    return mounts, (dataset, code, model)

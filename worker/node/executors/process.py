@@ -86,11 +86,17 @@ def job_command(
     until_epoch: int | None = None,
     dataset_file: Path | None = None,
     export_model: Path | None = None,
+    code_file: Path | None = None,
+    model_file: Path | None = None,
 ) -> list[str]:
     """The command line that runs one job with this interpreter."""
     cmd = [sys.executable, "-m", "worker.run", "--spec", str(spec), "--out", str(out)]
     if dataset_file is not None:
         cmd += ["--dataset-file", str(dataset_file)]
+    if code_file is not None:
+        cmd += ["--code-file", str(code_file)]
+    if model_file is not None:
+        cmd += ["--model-file", str(model_file)]
     if export_model is not None:
         cmd += ["--export-model", str(export_model)]
     if trace_every_steps is not None:
@@ -122,6 +128,8 @@ class ProcessJob:
                 trace_every_steps=request.trace_every_steps,
                 until_epoch=request.until_epoch,
                 dataset_file=request.dataset_file,
+                code_file=request.code_file,
+                model_file=request.model_file,
             ),
             env={**job_environment(), **request.environment, **export_environment(request)},
             stdin=subprocess.DEVNULL,
@@ -163,6 +171,10 @@ class ProcessExecutor:
     """Runs each job as a fresh subprocess of the agent's own environment."""
 
     kind = "process"
+
+    def __init__(self, *, trust_code: bool = False) -> None:
+        # A job here runs as the agent's user: code bundles only when the operator says so.
+        self.accepts_code = trust_code
 
     def advertised_images(self) -> list[str]:
         """None of its own: the operator names the image this environment is (`--image`)."""

@@ -1,0 +1,1 @@
+"""Custom components trained by Reprotrain from a code bundle (`repro code push`)."""
