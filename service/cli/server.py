@@ -283,8 +283,10 @@ def serve(
     """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
     from service.app import create_app
     from service.cli.local import EXAMPLES
+    from worker.models import registry
 
     _configure_logging()
+    registry.import_no_plugins()  # the API never imports TensorFlow, which plugins do
     settings = _settings(data_dir, database_url, host=host, port=port)
     first_start = _prepare_database(settings=settings)
     admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)

@@ -34,6 +34,18 @@ ENTRY_POINT_GROUPS: dict[Kind, str] = {
 }
 
 
+# Whether this process may import installed plugins' modules to check params and sizes.
+# The API may not: a plugin's module usually imports TensorFlow, which the API never loads
+# (seconds of start-up inside a request, and its memory in every API process).
+_PLUGINS_IMPORTED = [True]
+
+
+def import_no_plugins() -> None:
+    """From now on, installed plugins are known by name only in this process, like a code
+    bundle's components: their params and sizes are checked by the job."""
+    _PLUGINS_IMPORTED[0] = False
+
+
 @dataclass(frozen=True)
 class Component:
     """A named factory, loaded only when a job needs it."""
@@ -56,9 +68,15 @@ class Component:
     # integer data as integers for it. A plugin factory may say so as `takes_token_ids = True`.
     token_ids: bool = False
 
+    @property
+    def described_only(self) -> bool:
+        """Known by name and source only: a code bundle's, or an installed plugin in a
+        process that imports no plugin code (`import_no_plugins`); its job checks the rest."""
+        return self.bundled or (self._entry_point is not None and not _PLUGINS_IMPORTED[0])
+
     def takes_token_ids(self) -> bool:
         """Whether this architecture's model takes integer token ids as its input."""
-        if self.token_ids or self.bundled or self._entry_point is None:
+        if self.token_ids or self.described_only or self._entry_point is None:
             return self.token_ids
         return getattr(self.load(), "takes_token_ids", False) is True
 
@@ -76,7 +94,7 @@ class Component:
     def sizer(self, attribute: Literal["data_info", "count_parameters"]) -> Any:
         """The built-in or plugin-provided size function, or None when there is none."""
         found = getattr(self, attribute)
-        if self.bundled:
+        if self.described_only:
             return None
         if found is None and self._entry_point is not None:
             found = getattr(self.load(), attribute, None)
@@ -85,7 +103,7 @@ class Component:
     def validate_params(self, params: dict[str, Any], *, loc: str) -> dict[str, Any]:
         """Params with defaults filled in; raises SpecError naming the bad field."""
         model = self.params_model
-        if self.bundled:
+        if self.described_only:
             return dict(params)
         if model is None:
             loaded = self.load()
