@@ -154,6 +154,7 @@ def test_a_body_nobody_reads_arriving_whole_is_answered_and_closed(service: Serv
 SERVER_OPEN_FILES = 256
 STALLERS, BATCH = 2000, 200
 PROBE_PATIENCE = 5.0
+ANSWER_PATIENCE = 30.0  # connect and answer on a machine busy with other tests
 
 
 @pytest.fixture
@@ -169,22 +170,35 @@ def cramped_service(tmp_path: Path) -> Iterator[Service]:
         svc.stop()
 
 
-async def stall(port: int) -> bool:
+async def stall(port: int) -> str | None:
     """POST a chunked body to /healthz, send one more chunk once answered, then nothing;
-    whether the server answered 405 and closed the connection in time."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    None when the server answered 405 and closed the connection in time, else what went
+    wrong. Only the close is held to CLOSED_WITHIN: a loaded machine may be slow to answer
+    two hundred connections at once, but once it has answered it must not hold one open."""
     try:
-        async with asyncio.timeout(CLOSED_WITHIN):
-            writer.write(chunked_head("POST", "/healthz") + b"5\r\nhello\r\n")
-            await writer.drain()
-            answer = await reader.readuntil(b"\r\n\r\n")
-            with contextlib.suppress(ConnectionError):  # closed already: as it should be
-                writer.write(b"5\r\nhello\r\n")  # the byte that used to hold it open
+        async with asyncio.timeout(ANSWER_PATIENCE):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except (TimeoutError, OSError) as exc:
+        return f"connect: {exc!r}"
+    try:
+        try:
+            async with asyncio.timeout(ANSWER_PATIENCE):
+                writer.write(chunked_head("POST", "/healthz") + b"5\r\nhello\r\n")
                 await writer.drain()
-                await reader.read()  # to the end: the server closed
-        return answer_status(answer) == 405
-    except (TimeoutError, asyncio.IncompleteReadError):
-        return False
+                answer = await reader.readuntil(b"\r\n\r\n")
+        except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+            return f"no answer within {ANSWER_PATIENCE} s: {exc!r}"
+        if answer_status(answer) != 405:
+            return f"answered {answer[:40]!r}"
+        try:
+            async with asyncio.timeout(CLOSED_WITHIN):
+                with contextlib.suppress(ConnectionError):  # closed already: as it should be
+                    writer.write(b"5\r\nhello\r\n")  # the byte that used to hold it open
+                    await writer.drain()
+                    await reader.read()  # to the end: the server closed
+        except TimeoutError:
+            return f"held open {CLOSED_WITHIN} s past its answer"
+        return None
     finally:
         writer.close()
         with contextlib.suppress(OSError):
@@ -214,24 +228,27 @@ def test_thousands_of_stalled_bodies_leave_the_server_answering(
 ) -> None:
     port = cramped_service.port
 
-    async def main() -> tuple[int, int, int, list[str]]:
+    async def main() -> tuple[int, list[str], int, list[str]]:
         done, failures = asyncio.Event(), list[str]()
         prober = asyncio.create_task(probe_until(port, done, failures))
-        tried = cut_off = 0
+        tried, held = 0, list[str]()
         try:
-            async with asyncio.timeout(STALLERS / BATCH * (CLOSED_WITHIN + 10)):
+            budget = STALLERS / BATCH * (ANSWER_PATIENCE + CLOSED_WITHIN + 10)
+            async with asyncio.timeout(budget):
                 for _ in range(STALLERS // BATCH):
                     outcomes = await asyncio.gather(*(stall(port) for _ in range(BATCH)))
-                    tried, cut_off = tried + len(outcomes), cut_off + sum(outcomes)
-                    if cut_off < tried:
+                    tried += len(outcomes)
+                    held += [outcome for outcome in outcomes if outcome is not None]
+                    if held:
                         break  # held open: the next batches would only pile up
         finally:
             done.set()
             answered = await prober
-        return tried, cut_off, answered, failures
+        return tried, held, answered, failures
 
-    tried, cut_off, answered, failures = asyncio.run(main())
-    assert cut_off == tried == STALLERS, f"{tried - cut_off} of {tried} held past their answer"
+    tried, held, answered, failures = asyncio.run(main())
+    assert not held, f"{len(held)} of {tried}, e.g. {sorted(set(held))[:3]}"
+    assert tried == STALLERS
     assert not failures, failures[:5]
     assert answered > 0
     still_serves(cramped_service)
