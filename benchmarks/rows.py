@@ -44,6 +44,8 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value / 1e6:.1f} Mvalues/s"
     if unit == "B/s":
         return f"{value / 1e9:.2f} GB/s" if value >= 1e9 else f"{value / 1e6:.0f} MB/s"
+    if unit == "MB":
+        return f"{value:.1f} MB"
     if unit == "s":
         return f"{value:.2f} s"
     if unit == "ms":

@@ -52,8 +52,10 @@ class Server:
 
 
 @contextmanager
-def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
-    """A ready `repro serve --no-demo` on a fresh, migrated database."""
+def api_server(
+    database: str, workdir: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """A ready `repro serve --no-demo` on a fresh, migrated database (`env`: settings)."""
     from tests.integration.service_procs import Service
     from tests.postgres import PostgresServer
 
@@ -69,7 +71,9 @@ def api_server(database: str, workdir: Path | None = None) -> Iterator[Server]:
             database_url = f"sqlite:///{workdir / 'bench.db'}"
         else:
             raise ValueError(f"unknown database {database!r}; known: {', '.join(DATABASES)}")
-        service = Service(workdir / "data", database_url=database_url, extra=("--no-demo",))
+        service = Service(
+            workdir / "data", database_url=database_url, extra=("--no-demo",), env=env
+        )
         stack.callback(service.stop)
         service.wait_ready()
         yield Server(service, database, database_url, workdir, database_pid)

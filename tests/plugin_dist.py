@@ -16,6 +16,7 @@ gaussian_blobs = repro_test_plugins:stateful_noise
 [reprotrain.architectures]
 wide_mlp = repro_test_plugins:wide_mlp
 perturbed_mlp = repro_test_plugins:perturbed_mlp
+twin_mlp = repro_test_plugins:twin_mlp
 paced_mlp = repro_test_plugins:paced_mlp
 noisy_mlp = repro_test_plugins:noisy_mlp
 """

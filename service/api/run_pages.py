@@ -72,12 +72,17 @@ class RunFilters:
     status: str | None = None
     experiment_id: int | None = None
     verdict: str | None = None  # identical, diverged, incomparable, reference or none
+    spot_check: str | None = None  # pending, verified, failed, error or none
 
 
 def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Select[Any]:
     """`query` narrowed to `filters`; with `verdicts`, joined to each run's verdict (if
     any), so that it can select `Verdict.verdict`."""
     query = query.where(Run.kind == filters.kind)
+    if filters.spot_check == "none":
+        query = query.where(Run.spot_check.is_(None))
+    elif filters.spot_check is not None:
+        query = query.where(Run.spot_check == filters.spot_check)
     if filters.status is not None:
         query = query.where(Run.status == filters.status)
     if filters.experiment_id is not None:
@@ -109,7 +114,7 @@ def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Sel
 
 @cache
 def _page_query(
-    status: bool, experiment: bool, verdict: str | None, after_cursor: bool
+    status: bool, experiment: bool, verdict: str | None, after_cursor: bool, spot_check: str | None
 ) -> Select[Any]:
     """The statement of a page for this shape of filters, built once (building one costs
     more than running it): the filter values, the cursor's id, offset and limit are bound
@@ -119,6 +124,7 @@ def _page_query(
         status=bindparam("status") if status else None,  # type: ignore[arg-type]
         experiment_id=bindparam("experiment_id") if experiment else None,  # type: ignore[arg-type]
         verdict=verdict,
+        spot_check=spot_check,
     )
     query = _filtered(select(*_page_columns()), shape, verdicts=True)
     if after_cursor:
@@ -197,6 +203,7 @@ def list_runs(
         filters.experiment_id is not None,
         filters.verdict,
         cursor is not None,
+        filters.spot_check,
     )
     values: dict[str, Any] = {"kind": filters.kind, "offset": offset, "limit": limit + 1}
     if filters.status is not None:

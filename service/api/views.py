@@ -17,10 +17,10 @@ from sqlalchemy import ColumnElement, Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.persistence.models import Experiment, Run, TracePointRow, Verdict
+from service.persistence.models import Experiment, Run, SpotCheck, TracePointRow, Verdict
 from service.persistence.rows_as_json import json_rows
 from service.runs import queue, resume_points
-from service.schemas import ComparisonReport, RunDetail, RunOut
+from service.schemas import ComparisonReport, RunDetail, RunOut, SpotCheckOut
 from service.verification.comparisons import compare
 from service.verification.verdicts import TRACE_FIELDS, is_reference
 
@@ -166,4 +166,20 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
             "checkpoint_step": checkpoint_step,
             "waiting_reason": waiting,
         }
+    )
+
+
+def spot_check_out(check: SpotCheck) -> SpotCheckOut:
+    """The API view of a spot check."""
+    return SpotCheckOut(
+        id=check.id,
+        run_id=check.run_id,
+        status=check.status,
+        seed=str(check.seed),
+        requested=check.requested,
+        segments=list(check.segments),
+        report=check.report,
+        requested_by=check.requested_by,
+        created_at=check.created_at,
+        finished_at=check.finished_at,
     )

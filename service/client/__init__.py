@@ -30,6 +30,7 @@ from .models import (
     Refinement,
     RunState,
     SpecField,
+    SpotCheck,
     Token,
 )
 from .stored import CodeBundles, Datasets, Models
@@ -63,6 +64,7 @@ __all__ = [
     "RunState",
     "SpecField",
     "SpecFileError",
+    "SpotCheck",
     "Token",
     "Tokens",
     "Unreachable",

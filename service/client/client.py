@@ -27,6 +27,7 @@ from .models import (
     Experiment,
     Refinement,
     RunState,
+    SpotCheck,
 )
 from .spec_file import submission_body
 from .stored import CodeBundles, Datasets, Models
@@ -256,6 +257,31 @@ class Client:
     def refinement(self, refinement_id: int) -> Refinement:
         """A refinement: its runs' status and, once both finished, its report."""
         return Refinement.from_api(self._http.json("GET", f"/compare/refine/{refinement_id}"))
+
+    def spot_check(
+        self, run_id: RunRef, *, segments: int = 3, seed: int | None = None
+    ) -> SpotCheck:
+        """Queue replays of `segments` random segments of a succeeded run (see SpotCheck)."""
+        body: dict[str, Any] = {"segments": segments}
+        if seed is not None:
+            body["seed"] = seed
+        path = f"/runs/{_id(run_id)}/spot-checks"
+        return SpotCheck.from_api(self._http.json("POST", path, json=body))
+
+    def spot_check_status(self, check_id: int) -> SpotCheck:
+        """A spot check: its segments' replays and, once all ended, its report."""
+        return SpotCheck.from_api(self._http.json("GET", f"/spot-checks/{check_id}"))
+
+    def wait_spot_check(
+        self, check_id: int, *, timeout: float | None = None, poll: float = 1.0
+    ) -> SpotCheck:
+        """The spot check once all its replays have ended; WaitTimeout after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (found := self.spot_check_status(check_id)).ended:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"spot check {check_id} still pending after {timeout} s")
+            time.sleep(poll)
+        return found
 
     def audit(self, audit_id: int) -> Audit:
         """A reproducibility audit: its copies and whether they all agree."""

@@ -163,6 +163,23 @@ class Audit(ApiModel):
     copies: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class SpotCheck(ApiModel):
+    """A spot check of a run: segments replayed from its checkpoints; `report` once ended."""
+
+    id: int
+    run_id: int
+    status: str  # pending, verified, failed, error
+    seed: str
+    requested: int
+    segments: list[dict[str, Any]] = Field(default_factory=list)
+    report: dict[str, Any] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether every replay has ended and the outcome is known."""
+        return self.status != "pending"
+
+
 class Refinement(ApiModel):
     """A per-step re-trace of two diverged runs' divergent epoch; `report` once finished."""
 

@@ -14,6 +14,7 @@ from service.dashboard.experiment_page import family_view, spec_yaml
 from service.dashboard.web import PageRoute, ViewerDep, render
 from service.persistence.models import Run, Verdict, utcnow
 from service.runs import experiments as svc
+from service.verification import spot_checks
 
 router = APIRouter(route_class=PageRoute)
 MAX_FAMILY = 200
@@ -50,6 +51,7 @@ def certificate(
         run=run,
         row=row,
         verdict=verdict,
+        spot_checks=spot_checks.shown_for(db, run.id),
         **provenance_view.provenance_context(db=db, run=run),
         spec_text=spec_yaml(run.experiment.spec),
         family=family_rows,

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import IdPath, ReadSessionDep
+from service.config import Settings
 from service.dashboard import charts, models_page, provenance_view, run_rows
 from service.dashboard.actions import perform
 from service.dashboard.runs_page import MAX_POLLS, PollCount
@@ -21,6 +22,7 @@ from service.persistence.models import Artifact, Verdict, Worker
 from service.runs import experiments as svc
 from service.schemas import MAX_AUDIT_COPIES
 from service.storage import artifacts
+from service.verification import spot_checks
 from worker.errors import SpecError
 from worker.models import registry
 from worker.spec import ExperimentSpec
@@ -72,7 +74,7 @@ def state(status: str, badge: str | None, attempt: int) -> str:
     return f"{status}-{badge or 'none'}-{attempt}"
 
 
-def page_context(db: Session, live: dict[str, Any]) -> dict[str, Any]:
+def page_context(db: Session, live: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """Everything the run page shows, around what its live part shows (`live_context`)."""
     run = live["run"]
     files = db.scalars(
@@ -86,6 +88,8 @@ def page_context(db: Session, live: dict[str, Any]) -> dict[str, Any]:
         "files": files,
         "max_copies": MAX_AUDIT_COPIES,
         "model": models_page.model_of(db, run.experiment),
+        "spot_checks": spot_checks.shown_for(db, run.id),
+        "max_segments": settings.max_spot_check_segments,
     }
 
 
@@ -94,7 +98,8 @@ def run_page(
     request: Request, run_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
 ) -> HTMLResponse:
     """Everything recorded about one run."""
-    return render(request, "run.html", viewer, **page_context(db, live_context(db, run_id)))
+    context = page_context(db, live_context(db, run_id), request.app.state.settings)
+    return render(request, "run.html", viewer, **context)
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse)
@@ -120,7 +125,7 @@ def run_live(
             viewer,
             headers={"HX-Retarget": "main", "HX-Reswap": "innerHTML"},
             n=n + 1,
-            **page_context(db, live),
+            **page_context(db, live, request.app.state.settings),
         )
     return render(request, "run_live.html", viewer, live_refresh=True, n=n + 1, **live)
 
@@ -159,6 +164,26 @@ async def cancel(request: Request, run_id: IdPath) -> RedirectResponse:
     def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
         svc.cancel(db=db, run_id=run_id, actor=viewer.principal)
         return f"/runs/{run_id}"
+
+    return await perform(request, act)
+
+
+@router.post("/runs/{run_id}/spot-check")
+async def spot_check(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Replay random segments of the run from its checkpoints; back to its spot checks."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        text = form.get("segments", "")
+        if not text.isdigit():
+            raise MalformedBody("segments must be a whole number")
+        spot_checks.request_spot_check(
+            db=db,
+            run_id=run_id,
+            segments=int(text),
+            settings=request.app.state.settings,
+            actor=viewer.principal,
+        )
+        return f"/runs/{run_id}#spot-checks"
 
     return await perform(request, act)
 

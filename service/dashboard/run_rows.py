@@ -33,6 +33,7 @@ class Filters:
     kind: str = "train"
     spec: str | None = None
     fingerprint: str | None = None
+    spot_check: str | None = None  # the newest spot check's outcome, or "none"
 
     def query_items(self) -> list[tuple[str, str]]:
         items = [(k, v) for k, v in vars(self).items() if v and not (k == "kind" and v == "train")]
@@ -92,6 +93,10 @@ def filtered(filters: Filters) -> Select[Run, Experiment]:
     if filters.fingerprint:
         fingerprint = _prefix(filters.fingerprint, "blake3")
         query = query.where(Run.final_fingerprint.startswith(fingerprint))
+    if filters.spot_check == "none":
+        query = query.where(Run.spot_check.is_(None))
+    elif filters.spot_check:
+        query = query.where(Run.spot_check == filters.spot_check)
     if filters.verdict in ("identical", "diverged", "incomparable"):
         query = query.join(Verdict, Verdict.run_id == Run.id).where(
             Verdict.verdict == filters.verdict

@@ -31,6 +31,8 @@ Digest = Annotated[str, Query(max_length=100, pattern=r"^[A-Za-z0-9:]*$")]
 Text = Annotated[str, Query(max_length=200)]
 StatusChoice = Literal["", "queued", "running", "succeeded", "failed", "cancelled"]
 VerdictChoice = Literal["", "identical", "diverged", "incomparable", "reference", "pending"]
+SPOT_CHECK_FILTERS = ("verified", "failed", "pending", "error", "none")
+SpotCheckChoice = Literal["", "verified", "failed", "pending", "error", "none"]
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_LIVE = 200  # rows one poll refreshes: at most a page's worth
 # A page polls every 2 s for at most this many times (30 minutes), then asks for a reload.
@@ -48,9 +50,10 @@ def get_filters(
     verdict: VerdictChoice = "",
     experiment: Text = "",
     worker: Text = "",
-    kind: Literal["train", "refine"] = "train",
+    kind: Literal["train", "refine", "spot-check"] = "train",
     spec: Digest = "",
     fingerprint: Digest = "",
+    spot_check: SpotCheckChoice = "",
 ) -> Filters:
     """The filters of the runs page, from its URL."""
     return Filters(
@@ -61,6 +64,7 @@ def get_filters(
         kind=kind,
         spec=spec or None,
         fingerprint=fingerprint or None,
+        spot_check=spot_check or None,
     )
 
 
@@ -148,6 +152,7 @@ def runs(
         sort_url=lambda name, order: _url(filters, replace(columns, sort=name, order=order)),
         statuses=RUN_STATUSES,
         verdicts=VERDICT_FILTERS,
+        spot_check_filters=SPOT_CHECK_FILTERS,
         live_ids=",".join(str(r.run.id) for r in found.rows if r.live),
         newer_url=_url(filters, columns, **newer, **size) if newer else None,
         older_url=_url(filters, columns, **older, **size) if older else None,

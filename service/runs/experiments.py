@@ -329,4 +329,8 @@ def cancel(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:
     audit(db=db, actor=actor, action="run.cancel", target_type="run", target_id=run.id)
     db.commit()
     resume_points.prune_step_checkpoints(db, run, keep_newest=False)  # it resumes no more
+    if run.kind == "spot-check":  # its check is settled (as not settled) once all ended
+        from service.verification import spot_checks  # it builds on this module
+
+        spot_checks.settle_for(db, run)
     return run

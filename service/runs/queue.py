@@ -111,7 +111,9 @@ def waiting_reason(
     worker accepts code (None when some live worker could take it)."""
     live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
     live = db.execute(
-        select(Worker.images, Worker.devices).where(Worker.last_seen_at >= live_since)
+        select(Worker.images, Worker.devices, Worker.accepts_code).where(
+            Worker.last_seen_at >= live_since
+        )
     ).all()
     reasons = []
     if needs_code and not db.scalar(
@@ -123,13 +125,13 @@ def waiting_reason(
             "claims it"
         )
     if required_image is not None and not any(
-        required_image in (images or []) for images, _ in live
+        required_image in (images or []) for images, _, _ in live
     ):
         reasons.append(
             f"no live worker advertises image {required_image}; the run stays queued "
             "until a worker that runs that image claims it"
         )
-    most = max((devices for _, devices in live), default=0)
+    most = max((devices for _, devices, _ in live), default=0)
     if replicas > 1 and replicas > most:  # every worker offers one device
         offered = (
             f"the most devices any live worker offers is {most}" if live else "no worker is live"
@@ -138,6 +140,19 @@ def waiting_reason(
             f"needs {replicas} replicas; {offered} (GPUs, or logical CPU devices a "
             "CPU-only worker allows with --cpu-replicas); the run stays queued until a worker "
             f"with {replicas} devices claims it"
+        )
+    fits = any(
+        (required_image is None or required_image in (images or []))
+        and replicas <= devices
+        and (accepts or not needs_code)
+        for images, devices, accepts in live
+    )
+    if live and not reasons and not fits:  # each need is met, but never by one worker
+        needs = [f"image {required_image}" if required_image else "", f"{replicas} devices"]
+        needs.append("code acceptance" if needs_code else "")
+        reasons.append(
+            f"no live worker offers all it needs at once ({', '.join(n for n in needs if n)}); "
+            "the run stays queued until one that does claims it"
         )
     return "; ".join(reasons) or None
 
@@ -160,6 +175,14 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
             candidate.required_image.in_(worker.images or [""]),
         ),
         or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
+        # A spot check's replay goes to another worker than the one that trained the run,
+        # unless none other has taken it for a while.
+        or_(
+            candidate.avoid_worker.is_(None),
+            candidate.avoid_worker != worker.name,
+            candidate.created_at
+            <= now - timedelta(seconds=settings.spot_check_other_worker_seconds),
+        ),
         candidate.replicas <= worker.devices,
         # A code bundle runs only where the worker said it accepts code.
         true() if worker.accepts_code else candidate.needs_code.is_(False),
@@ -282,6 +305,7 @@ def complete(
     allowed_images: list[str] | None = None,
     max_checkpoint_bytes: int | None = None,
     max_sortable_metrics: int = 64,
+    keep_step_checkpoints: bool = False,
 ) -> Run:
     """Record a job's result document; a rerun gets its verdict.
 
@@ -317,6 +341,20 @@ def complete(
     run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
     run.resumed_from_step = result.resumed_from_step
     run.error = error or (result.error.model_dump() if result.error else None)
+    _record_summary_and_trace(db, run, result)
+    if run.status == "succeeded" and run.kind == "train":
+        verdicts.update_family(
+            db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
+        )
+    db.commit()
+    # A finished run resumes no more: its orphan halves only take space, and so do its step
+    # checkpoints unless a succeeded training keeps them for spot checks.
+    keep = keep_step_checkpoints and run.kind == "train" and run.status == "succeeded"
+    resume_points.prune_step_checkpoints(db, run, keep_newest=False, keep_complete=keep)
+    return run
+
+
+def _record_summary_and_trace(db: Session, run: Run, result: JobResult) -> None:
     run.result_summary = {
         "spec_hash": result.spec_hash,
         "seed": result.seed,
@@ -341,14 +379,6 @@ def complete(
         for i, p in enumerate(result.trace)
     )
     db.flush()
-    if run.status == "succeeded" and run.kind == "train":
-        verdicts.update_family(
-            db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
-        )
-    db.commit()
-    # A finished run resumes no more: its step checkpoints and orphan halves only took space.
-    resume_points.prune_step_checkpoints(db, run, keep_newest=False)
-    return run
 
 
 def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> Run:

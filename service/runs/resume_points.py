@@ -127,11 +127,15 @@ def resume_point(db: Session, run: Run) -> ResumePoint | None:
     epoch checkpoint of the run and epoch its job options name."""
     own = newest(db, run)
     options = run.job_options or {}
-    if own is not None or not options.get("resume_from_epoch"):
+    at_step = options.get("resume_from_step")
+    if own is not None or not (options.get("resume_from_epoch") or at_step):
         return own
     source = db.get(Run, int(options["resume_from_run"]))
     if source is None:
         return None
+    if at_step:  # a replay from a mid-epoch step checkpoint
+        points = complete_checkpoints(db, source)
+        return next((p for p in points if p.kind == "step" and p.step == at_step), None)
     at = int(options["resume_from_epoch"])
     return next(
         (p for p in complete_checkpoints(db, source) if p.kind == "epoch" and p.epoch == at),
@@ -139,7 +143,9 @@ def resume_point(db: Session, run: Run) -> ResumePoint | None:
     )
 
 
-def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -> int:
+def prune_step_checkpoints(
+    db: Session, run: Run, *, keep_newest: bool = True, keep_complete: bool = False
+) -> int:
     """Delete the run's checkpoint files that can serve no resume; returns how many
     checkpoints (file stems) went.
 
@@ -147,8 +153,10 @@ def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -
     complete checkpoint, and the halves of checkpoints older than that one whose other file
     never came (an npz without its json). Once it is finished (`keep_newest=False`): every
     step checkpoint and every checkpoint file that is not half of a complete epoch
-    checkpoint. A stored file is removed only when no artifact row still names its digest:
-    files are content-addressed, so two runs' identical checkpoints share one.
+    checkpoint. With `keep_complete`, complete step checkpoints stay too (kept for spot
+    checks), and only orphan halves go. A stored file is removed only when no artifact row
+    still names its digest: files are content-addressed, so two runs' identical checkpoints
+    share one.
     """
     files = list(
         db.scalars(select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint"))
@@ -160,7 +168,7 @@ def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -
     kept = {
         id(file)
         for kind, _, step, npz, json in points
-        if kind == "epoch" or (newest_step is not None and step >= newest_step)
+        if kind == "epoch" or keep_complete or (newest_step is not None and step >= newest_step)
         for file in (npz, json)
     }
     stale = [
@@ -172,6 +180,27 @@ def prune_step_checkpoints(db: Session, run: Run, *, keep_newest: bool = True) -
     return len({art.name.rsplit(".", 1)[0] for art in stale})
 
 
+def thin_step_checkpoints(db: Session, run: Run, bounds: artifacts.UploadBounds) -> int:
+    """Delete every other complete step checkpoint before the newest once the run's counted
+    checkpoint files come within two checkpoints of its upload bounds, so keeping them never
+    refuses an upload; spot-check segments then span two intervals. How many went."""
+    held = db.execute(
+        select(Artifact.name, Artifact.epoch, Artifact.size).where(
+            Artifact.run_id == run.id, Artifact.kind == "checkpoint"
+        )
+    ).all()
+    counted = [
+        size for name, at, size in held if artifacts.counted("checkpoint", name, at, bounds.epochs)
+    ]
+    largest = max(counted, default=0)
+    if len(counted) + 4 <= bounds.files and sum(counted) + 4 * largest <= bounds.bytes:
+        return 0
+    steps = [p for p in complete_checkpoints(db, run) if p.kind == "step"][:-1]
+    dropped = steps[1::2] or steps
+    artifacts.delete(db, [f for p in dropped for f in p.files])
+    return len(dropped)
+
+
 def _before(art: Artifact, step: int, run: Run) -> bool:
     """Whether the checkpoint file names a point before global `step` (never for other names)."""
     match = _NAME.match(art.name)
@@ -179,3 +208,40 @@ def _before(art: Artifact, step: int, run: Run) -> bool:
         return False
     number = int(match.group(2))
     return (number * steps_per_epoch(run) if match.group(1) == "epoch" else number) < step
+
+
+def kept_positions(count: int, policy: str) -> set[int]:
+    """Which of a finished run's `count` complete checkpoints (oldest first, epoch and step
+    ones) REPRO_KEEP_CHECKPOINTS keeps: `all`, `final` (the last only) or `every:N` (the
+    Nth, 2Nth, ... and the last: epochs N, 2N, ... for a run with epoch checkpoints only)."""
+    if count == 0 or policy == "all":
+        return set(range(count))
+    if policy == "final":
+        return {count - 1}
+    every = int(policy.removeprefix("every:"))
+    return {i for i in range(count) if (i + 1) % every == 0} | {count - 1}
+
+
+def retain_checkpoints(db: Session, run: Run, policy: str) -> int:
+    """Delete the finished run's checkpoints its retention policy does not keep, and none a
+    queued or running replay or re-trace of it starts from; how many went."""
+    points = complete_checkpoints(db, run)
+    keep = kept_positions(len(points), policy)
+    needed = [
+        options or {}
+        for options in db.scalars(
+            select(Run.job_options).where(
+                Run.rerun_of_id == run.id, Run.status.in_(("queued", "running"))
+            )
+        )
+    ]
+    starts = {("epoch", int(o.get("resume_from_epoch") or 0)) for o in needed} | {
+        ("step", int(o["resume_from_step"])) for o in needed if o.get("resume_from_step")
+    }
+    dropped = [
+        p
+        for i, p in enumerate(points)
+        if i not in keep and (p.kind, p.epoch if p.kind == "epoch" else p.step) not in starts
+    ]
+    artifacts.delete(db, [f for p in dropped for f in p.files])
+    return len(dropped)

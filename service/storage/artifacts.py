@@ -83,7 +83,8 @@ def upload_bounds(run: Run, settings: Settings) -> UploadBounds:
     )
 
 
-def _counted(art_kind: str, name: str, epoch: int | None, epochs: int) -> bool:
+def counted(art_kind: str, name: str, epoch: int | None, epochs: int) -> bool:
+    """Whether the file counts against the run's bounds (epoch checkpoints do not)."""
     found = _EPOCH_FILE.match(name) if art_kind == "checkpoint" else None
     return found is None or epoch != int(found.group(1)) or not 0 <= epoch <= epochs
 
@@ -94,14 +95,14 @@ def upload_room(
     """The bytes this upload may have within the run's bounds for its kind (it replaces a
     file of the same name), and what to call it past them; BodyTooLarge (413) when the run
     may hold no more of the kind."""
-    if not _counted(kind, name, epoch, bounds.epochs):
+    if not counted(kind, name, epoch, bounds.epochs):
         return bounds.file_bytes, "artifact"
     held = db.execute(
         select(Artifact.name, Artifact.epoch, Artifact.size).where(
             Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name != name
         )
     ).all()
-    sizes = [size for other, at, size in held if _counted(kind, other, at, bounds.epochs)]
+    sizes = [size for other, at, size in held if counted(kind, other, at, bounds.epochs)]
     if len(sizes) >= bounds.files:
         raise BodyTooLarge(
             f"run {run.id} already holds {len(sizes)} {kind} files, the most one run may "
@@ -219,7 +220,7 @@ def _check_held(db: Session, *, run: Run, kind: str, bounds: UploadBounds) -> No
             Artifact.run_id == run.id, Artifact.kind == kind
         )
     ).all()
-    sizes = [size for name, at, size in held if _counted(kind, name, at, bounds.epochs)]
+    sizes = [size for name, at, size in held if counted(kind, name, at, bounds.epochs)]
     if len(sizes) > bounds.files or sum(sizes) > bounds.bytes:
         db.rollback()
         raise BodyTooLarge(

@@ -114,11 +114,14 @@ def test_uploads_past_a_run_s_bounds_are_refused_and_nothing_is_stored(
         bounded.stop()
 
 
+@pytest.mark.parametrize("policy", ["final", "all"])
 def test_checkpoint_halves_that_serve_no_resume_are_pruned(
-    database_url: str | None, tmp_path: Path
+    database_url: str | None, tmp_path: Path, policy: str
 ) -> None:
     data_dir = tmp_path / "data"
-    service = Service(data_dir, database_url=database_url, extra=("--no-demo",)).wait_ready()
+    env = {"REPRO_KEEP_CHECKPOINTS": policy}
+    service = Service(data_dir, database_url=database_url, extra=("--no-demo",), env=env)
+    service.wait_ready()
     try:
         worker = _Worker(service)
         run_id = worker.run_id
@@ -137,14 +140,16 @@ def test_checkpoint_halves_that_serve_no_resume_are_pruned(
             assert worker.upload("checkpoint", name, name.encode()).status_code == 201
         for i in range(3):
             assert worker.upload("log", f"log-{i}", f"log {i}".encode()).status_code == 201
-        assert len(_stored_files(data_dir)) == 2 + 20 + 3  # step-4 went: epoch 1 supersedes it
+        # Under `final` step-4 went, epoch 1 superseding it; `all` keeps it for spot checks.
+        kept_step = 2 if policy == "all" else 0
+        assert len(_stored_files(data_dir)) == 2 + kept_step + 20 + 3
 
         failed = worker.http.post(
             f"/api/v1/runs/{run_id}/fail",
             json={"worker_id": worker.id, "error": {"type": "Crash", "message": "gone"}},
         )
         assert failed.status_code == 200, failed.text
-        # Finished: only its complete epoch checkpoint and its logs are left.
+        # Failed, so never spot-checked: only its complete epoch checkpoint and logs are left.
         names = _names(service, run_id)
         assert names == {"epoch-000001.npz", "epoch-000001.json", "log-0", "log-1", "log-2"}
         assert len(_stored_files(data_dir)) == 5

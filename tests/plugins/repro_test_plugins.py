@@ -129,6 +129,41 @@ def perturbed_mlp(params: dict[str, Any], data: Any) -> Any:
     return model
 
 
+SWAP_VARIABLE = "REPRO_TEST_SWAP"
+
+
+def twin_mlp(params: dict[str, Any], data: Any) -> Any:
+    """An MLP with two hidden layers of one width, so their biases have one shape; when
+    REPRO_TEST_SWAP says `epoch:N`, the two biases trade values after epoch N, before its
+    trace point: a self-consistent state that training never produced, as a dishonest or
+    broken worker could report."""
+    import os
+
+    import keras
+
+    inputs = keras.Input(shape=data.x_shape, name="inputs")
+    h = keras.layers.Dense(16, activation="relu", name="first")(inputs)
+    h = keras.layers.Dense(16, activation="relu", name="second")(h)
+    model = keras.Model(inputs, keras.layers.Dense(data.output_dim, name="out")(h))
+    when = os.environ.get(SWAP_VARIABLE, "")
+    if not when:
+        return model
+    unit, _, number = when.partition(":")
+    if unit != "epoch" or not number.isdigit():
+        raise ValueError(f"{SWAP_VARIABLE}={when!r}: expected epoch:N")
+    a, b = (model.get_layer(name).bias for name in ("first", "second"))
+
+    class Swap(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if (logs or {}).get("epoch") == int(number):
+                first, second = a.numpy(), b.numpy()
+                a.assign(second)
+                b.assign(first)
+
+    model.training_callbacks = [Swap()]
+    return model
+
+
 def paced_mlp(params: dict[str, Any], data: Any) -> Any:
     """A small MLP whose training sleeps `step_seconds` after every optimizer step.
 

@@ -26,19 +26,21 @@ from service.api.deps import (
 )
 from service.api.responses import errors
 from service.api.routing import JsonRoute
-from service.api.views import run_detail, run_out
+from service.api.views import run_detail, run_out, spot_check_out
 from service.config import Settings
 from service.errors import NotFound
 from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
 from service.runs import experiments as svc
 from service.runs.events import RunWatcher
-from service.schemas import MAX_ID, RunDetail, RunOut, RunPage
+from service.schemas import MAX_ID, RunDetail, RunOut, RunPage, SpotCheckIn, SpotCheckOut
+from service.verification import spot_checks
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 VerdictName = Literal["identical", "diverged", "incomparable", "reference", "none"]
-Kind = Literal["train", "refine"]
+Kind = Literal["train", "refine", "spot-check"]
+SpotCheckName = Literal["pending", "verified", "failed", "error", "none"]
 # Open event streams look at their runs this often even when no write in this process woke
 # them (one read for all of them), and send a comment when they were quiet this long.
 _EVENTS_RECHECK_SECONDS = 1.0
@@ -70,6 +72,9 @@ async def list_runs(
     experiment_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     verdict: VerdictName | None = None,
     kind: Kind = "train",
+    spot_check: Annotated[
+        SpotCheckName | None, Query(description="the newest spot check's outcome; none: never")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
     offset: Offset = 0,
@@ -77,12 +82,17 @@ async def list_runs(
 ) -> Response:
     """Runs, newest first, filtered by status, experiment and verdict, a page at a time.
 
-    Trainings by default; `kind=refine` lists the re-traces made by `POST /compare/refine`.
+    Trainings by default; `kind=refine` lists the re-traces made by `POST /compare/refine`,
+    `kind=spot-check` the segment replays made by `POST /runs/{id}/spot-checks`.
     Pass the page's `next_cursor` as `cursor` for the next page (None: that was the last);
     every page costs the same however deep. `total` is null unless `count=true`.
     """
     filters = run_pages.RunFilters(
-        kind=kind, status=status, experiment_id=experiment_id, verdict=verdict
+        kind=kind,
+        status=status,
+        experiment_id=experiment_id,
+        verdict=verdict,
+        spot_check=spot_check,
     )
 
     def page(db: Connection) -> Response:
@@ -115,6 +125,40 @@ async def get_run(
 def rerun(run_id: IdPath, db: SessionDep, settings: SettingsDep, principal: SubmitAccess) -> RunOut:
     """Queue a rerun: same experiment, spec, seed, code bundle and (when known) image."""
     return run_out(db, svc.rerun(db=db, run_id=run_id, actor=principal, settings=settings))
+
+
+@router.post(
+    "/{run_id}/spot-checks",
+    status_code=202,
+    response_model=SpotCheckOut,
+    responses=errors(400, 404, 409, 413, 422),
+)
+def spot_check(
+    run_id: IdPath,
+    db: SessionDep,
+    settings: SettingsDep,
+    principal: SubmitAccess,
+    body: SpotCheckIn | None = None,
+) -> SpotCheckOut:
+    """Prove a succeeded training by replaying `segments` of its segments (between kept
+    checkpoints), chosen at random by a recorded seed, preferably on other workers; each
+    must end on the run's checkpoint bit for bit."""
+    asked = body or SpotCheckIn()
+    found = spot_checks.request_spot_check(
+        db=db,
+        run_id=run_id,
+        segments=asked.segments,
+        seed=asked.seed,
+        settings=settings,
+        actor=principal,
+    )
+    return spot_check_out(found)
+
+
+@router.get("/{run_id}/spot-checks", response_model=list[SpotCheckOut], responses=errors(404, 422))
+def run_spot_checks(run_id: IdPath, db: SessionDep, _: ReadAccess) -> list[SpotCheckOut]:
+    """The run's spot checks, newest first, with their outcomes."""
+    return [spot_check_out(c) for c in spot_checks.spot_checks_of(db, run_id)]
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409, 422))
