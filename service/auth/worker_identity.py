@@ -29,6 +29,15 @@ def _check_images(images: list[str], max_images: int | None) -> None:
         raise RegistrationRefused(msg, errors=[{"loc": "body.images", "msg": msg}])
 
 
+def _check_flags(flags: list[dict[str, str]] | None, max_flags: int | None) -> None:
+    if flags is not None and max_flags is not None and len(flags) > max_flags:
+        msg = (
+            f"a worker may report at most {max_flags} readiness flags, not {len(flags)} "
+            "(REPRO_MAX_WORKER_FLAGS); nothing was stored"
+        )
+        raise RegistrationRefused(msg, errors=[{"loc": "body.readiness_flags", "msg": msg}])
+
+
 def _check_new_name(db: Session, token_id: int | None, name: str, max_names: int | None) -> None:
     """Conflict (409) when the token already holds `max_names` worker names."""
     if max_names is None or token_id is None:
@@ -73,8 +82,10 @@ def register_worker(
     gpus: int | None = None,
     cpu_devices: int | None = None,
     accepts_code: bool = False,
+    readiness_flags: list[dict[str, str]] | None = None,
     max_images: int | None = None,
     max_names: int | None = None,
+    max_flags: int | None = None,
 ) -> Worker:
     """The worker of this name, created or refreshed: a name is one worker's identity.
 
@@ -84,10 +95,12 @@ def register_worker(
     expired, the name passes to the new token. An image outside `allowed_images` (when
     the operator set it) is refused (Forbidden, 403). Its `devices` are its GPUs, else the
     logical CPU devices it allows, else one. More than `max_images` images is refused
-    (RegistrationRefused, 422); a name new to a token that holds `max_names` names already
-    is refused (Conflict, 409). A refusal stores nothing.
+    (RegistrationRefused, 422), and so are more than `max_flags` readiness flags; a name new
+    to a token that holds `max_names` names already is refused (Conflict, 409). A refusal
+    stores nothing.
     """
     _check_images(images, max_images)
+    _check_flags(readiness_flags, max_flags)
     refused = [image for image in images if allowed_images and image not in allowed_images]
     if refused:
         raise Forbidden(
@@ -108,7 +121,7 @@ def register_worker(
             worker.token_id = token_id  # the name's token was revoked or expired
         worker.hostname, worker.executors, worker.images = hostname, executors, images
         worker.gpu, worker.last_seen_at = gpu, utcnow()
-        worker.accepts_code = accepts_code
+        worker.accepts_code, worker.readiness_flags = accepts_code, readiness_flags
         worker.gpus, worker.cpu_devices = device_counts(gpu, gpus, cpu_devices)
         worker.devices = worker.gpus or worker.cpu_devices or 1
         try:

@@ -84,6 +84,8 @@ def hazards(run: Run) -> list[str]:
     found = []
     if determinism.get("op_determinism") is False:
         found.append("Op determinism was off: GPU kernels may reduce in a varying order.")
+    if determinism.get("tf32") is True and (provenance.get("gpus") or provenance.get("tf_gpus")):
+        found.append("TF32 on: results differ between GPU models.")
     if determinism.get("hash_randomization") is True:
         found.append("Python hash randomization was on (PYTHONHASHSEED not fixed).")
     for warning in (run.result_summary or {}).get("warnings") or []:

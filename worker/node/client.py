@@ -199,6 +199,7 @@ class ApiClient(Transport):
         gpus: int | None = None,
         cpu_devices: int | None = None,
         accepts_code: bool = False,
+        readiness_flags: list[dict[str, str]] | None = None,
     ) -> dict[str, Any]:
         """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds", "devices"}."""
         body: dict[str, Any] = {
@@ -212,6 +213,8 @@ class ApiClient(Transport):
         body.update({k: v for k, v in (("gpus", gpus), ("cpu_devices", cpu_devices)) if v})
         if accepts_code:
             body["accepts_code"] = True
+        if readiness_flags is not None:
+            body["readiness_flags"] = readiness_flags
         return as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
     def claim(self, worker_id: Id, *, wait: float = 0) -> dict[str, Any] | None:

@@ -138,12 +138,17 @@ def apply(spec: DeterminismSpec, seed: SeedTuple) -> dict[str, Any]:
         tf.config.threading.set_inter_op_parallelism_threads(spec.inter_op_threads)
     if spec.op_determinism:
         tf.config.experimental.enable_op_determinism()
+    if spec.tf32 is not None:
+        tf.config.experimental.enable_tensor_float_32_execution(spec.tf32)
     random.seed(derive_int_seed(seed, "python"))
     init_seed = reseed(seed, "init")
     return {
         "python_hash_seed": os.environ["PYTHONHASHSEED"],
         "hash_randomization": bool(sys.flags.hash_randomization),
         "op_determinism": spec.op_determinism,
+        # What TensorFlow will do (its default when the spec leaves it null); it only acts
+        # on Ampere and newer GPUs, and NVIDIA_TF32_OVERRIDE=0 in the environment wins over it.
+        "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
         "tf_deterministic_ops_env": os.environ.get("TF_DETERMINISTIC_OPS"),
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
