@@ -2,7 +2,9 @@
 # The Docker engine and the project's images, for the tests that run containers
 # (the Docker executor, the compose stack).
 #
-# Idempotent: installs docker.io, docker-compose (v1) and debootstrap when missing, starts
+# Idempotent: installs docker.io, docker-compose (v1), the `docker compose` plugin (v2) where
+# an apt source offers it (Docker's own repository; Debian bookworm's has v1 only, and
+# deploy/compose/stack.sh runs either) and debootstrap when missing, starts
 # dockerd when no engine answers, makes the Debian base image once (no registry is needed:
 # debootstrap + `docker import`), then builds the CPU worker, API and PostgreSQL images
 # through docker/build.sh (the build cache makes a repeat cheap). Not root: does nothing
@@ -23,14 +25,24 @@ if [[ "$(id -u)" -ne 0 ]]; then
     exit 0
 fi
 
+# The plugin, when the docker CLI lacks it and the apt lists have a candidate for it.
+plugin_available() {
+    ! "$DOCKER" compose version >/dev/null 2>&1 &&
+        apt-cache policy docker-compose-plugin 2>/dev/null |
+        grep '^  Candidate: [^(]' >/dev/null  # not -q: apt-cache must not get SIGPIPE
+}
+
 missing=()
 [[ -x /usr/sbin/dockerd ]] || missing+=(docker.io)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+plugin_available && missing+=(docker-compose-plugin)
 if ((${#missing[@]})); then
     log="$(mktemp)"
     if ! {
         DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            { [[ " ${missing[*]} " == *" docker-compose-plugin "* ]] || ! plugin_available ||
+                missing+=(docker-compose-plugin); } &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                 "${missing[@]}"
     } >"$log" 2>&1; then
@@ -40,6 +52,9 @@ if ((${#missing[@]})); then
     fi
     rm -f "$log"
     say "installed ${missing[*]}"
+fi
+if ! "$DOCKER" compose version >/dev/null 2>&1; then
+    say "no apt source here offers the docker compose plugin: docker-compose v1 only"
 fi
 
 if ! "$DOCKER" info >/dev/null 2>&1; then

@@ -51,7 +51,16 @@ fi
 
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
-source_url="${REPRO_SOURCE_URL:-$(git remote get-url origin 2>/dev/null || echo unknown)}"
+revision_dirty=unknown
+if [[ "$revision" != unknown ]]; then
+    # Uncommitted changes reach the image (the context is the work tree): say so.
+    if [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then revision_dirty=true; else revision_dirty=false; fi
+fi
+# The OCI source label, only for a repository URL (REPRO_SOURCE_URL, else the origin remote);
+# a local path or no remote leaves it out.
+source_url="$(bash docker/source_url.sh ${REPRO_SOURCE_URL:+"$REPRO_SOURCE_URL"})"
+source_label=()
+[[ -n "$source_url" ]] && source_label=(--label "org.opencontainers.image.source=$source_url")
 base_digest=""
 if [[ -n "$base" ]]; then
     if ! "$DOCKER" image inspect "$base" >/dev/null 2>&1; then
@@ -69,8 +78,8 @@ build() {
     shift 2
     DOCKER_BUILDKIT=1 "$DOCKER" build --quiet --file "$file" --tag "$tag" \
         --build-arg "BASE_IMAGE=$base" --build-arg "BASE_DIGEST=$base_digest" \
-        --build-arg "REVISION=$revision" --build-arg "VERSION=$version" \
-        --build-arg "SOURCE=$source_url" "${secret[@]}" "$@" . >/dev/null
+        --build-arg "REVISION=$revision" --build-arg "REVISION_DIRTY=$revision_dirty" \
+        --build-arg "VERSION=$version" "${source_label[@]}" "${secret[@]}" "$@" . >/dev/null
     echo "${tag%%:*} ${tag##*:} $("$DOCKER" image inspect --format '{{.Id}}' "$tag")"
 }
 

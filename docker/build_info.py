@@ -3,7 +3,8 @@
 Runs once while the image is built, with the image's own Python; the result lands in
 /etc/reprotrain/build-info.json, so anyone can read what an image pins without running
 TensorFlow: the lock's digest, the TensorFlow, CUDA, cuDNN and NCCL wheel versions, the
-Python version and the base image.
+Python version, the base image, and the commit the source was built from (which jobs in the
+image record as their package.git_commit).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--base", required=True)
     parser.add_argument("--base-digest", required=True)
     parser.add_argument("--revision", required=True)
+    parser.add_argument("--revision-dirty", choices=("true", "false", "unknown"), default="unknown")
     parser.add_argument("--version", required=True)
     args = parser.parse_args(argv)
     data = args.lock.read_bytes()
@@ -52,6 +54,8 @@ def main(argv: list[str]) -> int:
         "base_image": args.base,
         "base_digest": args.base_digest,
         "revision": args.revision,
+        # Whether the tree had uncommitted changes: the commit alone would not say what ran.
+        "revision_dirty": {"true": True, "false": False}.get(args.revision_dirty),
         "reprotrain": args.version,
     }
     for key, names in _PINS.items():

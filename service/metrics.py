@@ -25,7 +25,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
-from service.persistence.models import TERMINAL_STATUSES, Run, Verdict, Worker, utcnow
+from service.persistence.models import TERMINAL_STATUSES, Run, SpotCheck, Verdict, Worker, utcnow
 
 # Process-wide: registered into each app's registry (an app is made once per process,
 # tests make several).
@@ -77,6 +77,12 @@ class _DatabaseCollector(Collector):
                     select(Verdict.verdict, func.count(Verdict.id)).group_by(Verdict.verdict)
                 ).all()
             }
+            spot_checks: dict[str, int] = {
+                status: count
+                for status, count in db.execute(
+                    select(SpotCheck.status, func.count(SpotCheck.id)).group_by(SpotCheck.status)
+                ).all()
+            }
             live_since = utcnow() - timedelta(seconds=self._settings.lease_seconds)
             live = db.scalar(select(func.count(Worker.id)).where(Worker.last_seen_at >= live_since))
         runs = GaugeMetricFamily(
@@ -99,11 +105,91 @@ class _DatabaseCollector(Collector):
         for kind in ("identical", "diverged", "incomparable"):
             kinds.add_metric([kind], verdicts.get(kind, 0))
         yield kinds
+        checked = CounterMetricFamily(
+            "reprotrain_spot_checks",
+            "Spot checks by outcome (pending: replays not all ended)",
+            labels=["outcome"],
+        )
+        for outcome in ("pending", "verified", "failed", "error"):
+            checked.add_metric([outcome], spot_checks.get(outcome, 0))
+        yield checked
         yield GaugeMetricFamily(
             "reprotrain_workers_live",
             "Workers seen (claim or heartbeat) within one lease period",
             value=live or 0,
         )
+        yield from claimable_families(maker=self._maker, settings=self._settings)
+
+
+OTHER_IMAGE = "<other>"  # images past REPRO_METRICS_MAX_IMAGE_LABELS, summed
+
+
+def _capped(counts: dict[tuple[str, ...], int], limit: int) -> dict[tuple[str, ...], int]:
+    """The counts with the image (the first label) kept for the `limit` images with the most
+    runs and replaced by OTHER_IMAGE for the rest, so series stay bounded."""
+    per_image: dict[str, int] = {}
+    for labels, count in counts.items():
+        per_image[labels[0]] = per_image.get(labels[0], 0) + count
+    kept = set(sorted(per_image, key=lambda image: (-per_image[image], image))[:limit])
+    out: dict[tuple[str, ...], int] = {}
+    for (image, *rest), count in counts.items():
+        key = (image if image in kept else OTHER_IMAGE, *rest)
+        out[key] = out.get(key, 0) + count
+    return out
+
+
+def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> Iterator[Metric]:
+    """The queue by what a worker must offer to claim a run, and running runs by what their
+    worker offers: one autoscaler trigger per pool selects exactly what that pool can take."""
+    with maker() as db:
+        queued_rows = db.execute(
+            select(Run.required_image, Run.replicas, Run.needs_code, func.count(Run.id))
+            .where(Run.status == "queued")
+            .group_by(Run.required_image, Run.replicas, Run.needs_code)
+        ).all()
+        per_worker = dict(
+            db.execute(
+                select(Run.worker_id, func.count(Run.id))
+                .where(Run.status == "running", Run.worker_id.is_not(None))
+                .group_by(Run.worker_id)
+            ).all()
+        )
+        # JSON columns cannot be grouped by on PostgreSQL: the holders are read on their own.
+        held_rows = [
+            (images, devices, per_worker[worker_id])
+            for worker_id, images, devices in db.execute(
+                select(Worker.id, Worker.images, Worker.devices).where(
+                    Worker.id.in_(list(per_worker))
+                )
+            ).all()
+        ]
+    queued: dict[tuple[str, ...], int] = {}
+    for image, replicas, needs_code, count in queued_rows:
+        key = (image or "", str(replicas), "true" if needs_code else "false")
+        queued[key] = queued.get(key, 0) + count
+    held: dict[tuple[str, ...], int] = {}
+    for images, devices, count in held_rows:
+        for image in dict.fromkeys(images or [""]):  # under each name its worker answers to
+            by_image = (str(image), str(devices))
+            held[by_image] = held.get(by_image, 0) + count
+    limit = settings.metrics_max_image_labels
+    queued_family = GaugeMetricFamily(
+        "reprotrain_queued_runs",
+        "Queued runs by the image they are pinned to (empty: any), the devices (replicas) "
+        "they need and whether they run a code bundle",
+        labels=["image", "replicas", "code"],
+    )
+    for labels, count in sorted(_capped(queued, limit).items()):
+        queued_family.add_metric(list(labels), count)
+    yield queued_family
+    held_family = GaugeMetricFamily(
+        "reprotrain_held_runs",
+        "Running runs by each image their worker advertises and the devices it offers",
+        labels=["image", "devices"],
+    )
+    for labels, count in sorted(_capped(held, limit).items()):
+        held_family.add_metric(list(labels), count)
+    yield held_family
 
 
 class _WaitingCollector(Collector):

@@ -1,15 +1,31 @@
-"""Running the Alembic migrations in `migrations/` programmatically."""
+"""Running the Alembic migrations in `migrations/` programmatically, one migrator at a time."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 import migrations
+from service.persistence.engine import make_engine
+from service.persistence.file_modes import private_dir, private_file
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+
+# The key of the PostgreSQL advisory lock every migrator of a database takes: any fixed
+# 64-bit number works as long as nothing else in the database uses it ("reprotrn" in ASCII).
+MIGRATION_LOCK_KEY = 0x72657072_6F74726E
+
+log = logging.getLogger(__name__)
 
 
 def alembic_config(database_url: str) -> Config:
@@ -20,6 +36,71 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
+@contextlib.contextmanager
+def _postgres_lock(database_url: str) -> Iterator[None]:
+    # Alembic has no lock of its own: two migrators of a fresh database both create
+    # alembic_version and the second fails. A session-level advisory lock, held on a
+    # connection of its own while Alembic migrates on another, makes every other migrator
+    # wait; the server releases it if this process dies, so a crash never leaves it held.
+    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            got = conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            if not got:
+                log.info("another process is migrating this database: waiting for it")
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def _file_lock(database: Path) -> Iterator[None]:
+    # SQLite's own write lock does not serialise migrators: Python's sqlite3 driver starts no
+    # transaction before DDL, so each statement commits on its own and two migrators both see
+    # an empty database. A lock file beside the database does (every migrator of a SQLite
+    # file runs on this machine).
+    lock_path = database.with_name(database.name + ".migrate-lock")
+    if not lock_path.parent.exists():
+        private_dir(lock_path.parent)
+    with open(private_file(lock_path), "rb") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def migration_lock(database_url: str) -> contextlib.AbstractContextManager[None]:
+    """Held while migrating: other migrators of the same database wait until it is released."""
+    url = make_url(database_url)
+    if url.get_backend_name() == "postgresql":
+        return _postgres_lock(database_url)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        return _file_lock(Path(url.database))
+    return contextlib.nullcontext()
+
+
 def upgrade(database_url: str, revision: str = "head") -> None:
-    """Bring the database schema up to `revision` (creating the SQLite file if needed)."""
-    command.upgrade(alembic_config(database_url), revision)
+    """Bring the database schema up to `revision` (creating the SQLite file if needed), one
+    migrator of the database at a time."""
+    with migration_lock(database_url):
+        command.upgrade(alembic_config(database_url), revision)
+
+
+def schema_behind(database_url: str) -> str | None:
+    """Why the database is not at the migrations' head (None when it is), without changing it."""
+    heads = set(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            current = set(MigrationContext.configure(conn).get_current_heads())
+    finally:
+        engine.dispose()
+    if current == heads:
+        return None
+    have = ", ".join(sorted(current)) or "no schema"
+    return f"the database is at {have}, this version needs {', '.join(sorted(heads))}"

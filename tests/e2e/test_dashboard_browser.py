@@ -64,7 +64,9 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
 def service(tmp_path: Path, plugin_env: dict[str, str]) -> Iterator[Service]:
     # A short lease, so a worker's liveness (for spreading audit copies) is current.
     env = {**plugin_env, "REPRO_LEASE_SECONDS": "6", "REPRO_HEARTBEAT_SECONDS": "2"}
-    svc = Service(tmp_path / "data", extra=("--with-worker", "--no-demo"), env=env)
+    # Its log is a file, not a terminal: the login link is printed because it is asked for.
+    extra = ("--with-worker", "--no-demo", "--print-login-link")
+    svc = Service(tmp_path / "data", extra=extra, env=env)
     try:
         yield svc.wait_ready()
     finally:
@@ -222,7 +224,7 @@ def test_auditor_walks_the_dashboard(
             assert fingerprint in page.content()
             w.shot("certificate")
 
-            # The one-time login link of the server log works once.
+            # The one-time login link the server printed on request works once.
             link = _login_link(service)
             fresh = browser.new_context()
             try:

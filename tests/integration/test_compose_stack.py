@@ -1,14 +1,17 @@
 """The one-box compose stack, started for real from the locally built images.
 
 PostgreSQL, the migration step, the API and a worker with the Docker executor (each job in
-a fresh container of the CPU worker image) come up from deploy/compose/compose.yaml; a
-submitted spec and its rerun end `identical`, the image the engine ran is recorded as the
-run's image; `down -v` then leaves no container, volume or network behind.
+a fresh container of the CPU worker image) come up from deploy/compose/compose.yaml through
+deploy/compose/stack.sh, without a terminal: its settings file gets a generated database
+password once and keeps it; a password exported over it is refused; a submitted spec and its
+rerun end `identical`, the image the engine ran is recorded as the run's image; `down
+--volumes` then leaves no container, volume, network or workspace file behind.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -25,7 +28,7 @@ import pytest
 from tests.integration.service_procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE_FILE = ROOT / "deploy" / "compose" / "compose.yaml"
+STACK = ROOT / "deploy" / "compose" / "stack.sh"
 SPEC = ROOT / "examples" / "seed001.yaml"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGES = {
@@ -70,20 +73,28 @@ def _compose_command() -> list[str]:
 
 
 class Stack:
-    """`compose -p NAME -f compose.yaml` with this test's environment."""
+    """`deploy/compose/stack.sh` with this test's settings file and no terminal."""
 
-    def __init__(self, command: list[str], project: str, env: dict[str, str]) -> None:
-        self.command, self.project, self.env = command, project, env
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.env = {**env, "REPRO_COMPOSE": " ".join(command)}
 
-    def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, timeout: float = 300, **more_env: str
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*self.command, "-p", self.project, "-f", str(COMPOSE_FILE), *args],
-            env=self.env,
+            ["bash", str(STACK), *args],
+            env={**self.env, **more_env},
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
         )
+
+
+def _settings(env_file: Path) -> dict[str, str]:
+    lines = env_file.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
 @pytest.fixture
@@ -121,34 +132,47 @@ def _wait_run(client: httpx.Client, run_id: int) -> dict[str, Any]:
 
 
 def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
-    engine: Any, workspace: Path
+    engine: Any, workspace: Path, tmp_path: Path
 ) -> None:
     project = f"reprotrain-test-{secrets.token_hex(4)}"
     port = free_port()
-    env = {
-        **os.environ,
-        "REPRO_POSTGRES_PASSWORD": secrets.token_urlsafe(16),
-        "REPRO_API_PORT": str(port),
-        "REPRO_WORKSPACE": str(workspace),
-        "REPRO_DOCKER_GID": str(SOCKET.stat().st_gid) if SOCKET.exists() else "0",
-        "REPRO_API_IMAGE": IMAGES["api"],
-        "REPRO_WORKER_IMAGE": IMAGES["worker"],
-        "REPRO_JOB_IMAGE": IMAGES["worker"],
-        "REPRO_POSTGRES_IMAGE": IMAGES["postgres"],
-    }
-    for name in ("REPRO_EXECUTOR", "REPRO_WORKER_ARGS"):
+    # The operator's own settings; stack.sh adds the password, the socket's group, the files.
+    env_file = tmp_path / "stack.env"
+    env_file.write_text(
+        f"COMPOSE_PROJECT_NAME={project}\nREPRO_API_PORT={port}\nREPRO_WORKSPACE={workspace}\n"
+        f"REPRO_API_IMAGE={IMAGES['api']}\nREPRO_WORKER_IMAGE={IMAGES['worker']}\n"
+        f"REPRO_JOB_IMAGE={IMAGES['worker']}\nREPRO_POSTGRES_IMAGE={IMAGES['postgres']}\n"
+    )
+    env = {**os.environ, "REPRO_COMPOSE_ENV_FILE": str(env_file)}
+    for name in ("REPRO_EXECUTOR", "REPRO_WORKER_ARGS", "REPRO_POSTGRES_PASSWORD"):
         env.pop(name, None)  # the stack as shipped: the Docker executor
-    stack = Stack(_compose_command(), project, env)
+    stack = Stack(_compose_command(), env)
     worker_image_id = engine.images.get(IMAGES["worker"]).id
     worker_host = ""
     try:
-        up = stack("up", "-d", timeout=600)
+        up = stack("up", timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
+        written = _settings(env_file)
+        password = written["REPRO_POSTGRES_PASSWORD"]
+        assert re.fullmatch(r"[0-9a-f]{32}", password)  # URL-safe as it is
+        assert written["COMPOSE_PROJECT_NAME"] == project and written["REPRO_API_PORT"] == str(port)
+        assert env_file.stat().st_mode & 0o077 == 0
+        want_gid = str(SOCKET.stat().st_gid) if SOCKET.exists() else "0"
+        assert written["REPRO_DOCKER_GID"] == want_gid
+        # Run again (as the quick start is): the password is kept, the database still opens.
+        again = stack("up", timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert _settings(env_file)["REPRO_POSTGRES_PASSWORD"] == password
+        # A new password exported over the kept one would lock the API out: refused.
+        before = env_file.read_text()
+        clash = stack("ps", REPRO_POSTGRES_PASSWORD="another-password")
+        assert clash.returncode == 2 and "REPRO_POSTGRES_PASSWORD" in clash.stderr
+        assert env_file.read_text() == before
         # The worker's hostname (its container's short ID) labels the job containers it starts.
         worker_host = engine.containers.get(stack("ps", "-q", "worker").stdout.strip()).attrs[
             "Config"
         ]["Hostname"]
-        token = stack("exec", "-T", "api", "cat", "/var/lib/reprotrain/admin-token")
+        token = stack("admin-token")
         assert token.returncode == 0, token.stderr
         auth = {"Authorization": f"Bearer {token.stdout.strip()}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=30) as api:
@@ -169,9 +193,11 @@ def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
         # The image identity the engine ran is provenance, for both runs.
         assert first["provenance"]["image"]["id"] == worker_image_id
         assert second["provenance"]["image"]["id"] == worker_image_id
+        assert any(workspace.iterdir())  # the runs' workspaces, written by the jobs
     finally:
-        down = stack("down", "-v", "--remove-orphans", "--timeout", "60", timeout=300)
+        down = stack("down", "--volumes", timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
+    assert list(workspace.iterdir()) == []
     label = f"com.docker.compose.project={project}"
     assert engine.containers.list(all=True, filters={"label": label}) == []
     assert engine.volumes.list(filters={"label": label}) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -16,7 +18,8 @@ from worker.result import read_result
 DUMP_VARIABLE = "REPRO_TEST_ENV_DUMP"
 
 # An architecture that, while the job builds its model, writes what the job process can see
-# of its environment: os.environ and /proc/self/environ.
+# of its environment: os.environ, /proc/self/environ, and the environment its agent (the
+# parent) was started with, /proc/<agent>/environ, which the job's user may otherwise read.
 _PLUGIN = textwrap.dedent(
     """
     import json
@@ -29,8 +32,13 @@ _PLUGIN = textwrap.dedent(
 
         with open("/proc/self/environ", "rb") as f:
             raw = f.read().decode("utf-8", "replace")
+        try:
+            with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+                parent = f.read().decode("utf-8", "replace")
+        except OSError as exc:
+            parent = f"unreadable: {exc}"
         with open(os.environ["REPRO_TEST_ENV_DUMP"], "w") as f:
-            json.dump({"environ": dict(os.environ), "proc": raw}, f)
+            json.dump({"environ": dict(os.environ), "proc": raw, "parent": parent}, f)
         inputs = keras.Input(shape=data.x_shape, name="inputs")
         return keras.Model(inputs, keras.layers.Dense(data.output_dim, name="out")(inputs))
     """
@@ -101,6 +109,49 @@ def test_a_process_job_sees_no_credential_of_its_worker(
     assert seen["environ"]["REPRO_PROVENANCE_KEY"] == "the-claims-provenance-key"
     assert str(environ_plugin) in seen["environ"]["PYTHONPATH"]
     assert seen["environ"]["REPRO_TEST_ORDINARY"] == "kept"
+
+
+# An agent process as an operator starts one: the token in the environment it starts with.
+_AGENT = """
+import sys
+from pathlib import Path
+from tests.integration.jobs import blobs_spec, job_request
+from worker.node.executors.process import ProcessExecutor
+spec = blobs_spec(model={"architecture": "environ_mlp", "params": {}})
+spec["training"]["epochs"] = 1
+request = job_request(Path(sys.argv[1]), spec, "1", None)
+job = ProcessExecutor().start(request)
+try:
+    sys.stderr.write("\\n".join(job.stderr_lines()))
+    sys.exit(job.wait())
+finally:
+    job.close()
+"""
+
+
+def test_a_process_job_cannot_read_its_agents_environment_either(
+    tmp_path: Path, environ_plugin: Path
+) -> None:
+    # The agent is started with its token in its environment, as an operator starts it; the
+    # job runs as the same user, so /proc/<agent>/environ is the job's to read.
+    dump = tmp_path / "environ.json"
+    env = {**job_env([environ_plugin]), **SECRETS, DUMP_VARIABLE: str(dump)}
+    agent = subprocess.run(
+        [sys.executable, "-c", _AGENT, str(tmp_path / "attempt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert agent.returncode == 0, agent.stderr[-3000:]
+    seen = json.loads(dump.read_text())
+    everything = json.dumps(seen)
+    for name, value in SECRETS.items():
+        assert value not in everything, f"the job saw {name}"
+    # It did read the agent's environment (root, or a kernel that allows it) or was refused.
+    parent = seen["parent"]
+    assert f"{DUMP_VARIABLE}={dump}" in parent or parent.startswith("unreadable"), parent
 
 
 def test_a_container_job_is_given_no_credential_of_its_worker() -> None:

@@ -1,6 +1,7 @@
 """The images' recipes and locks, and the compose and Kubernetes deployments, checked offline.
 
-Renders both kustomize overlays with `kubectl kustomize` and validates them against the
+Renders the kustomize base and each worker-pool overlay with `kubectl kustomize` (an
+operator applies the base once and the pools beside it) and validates them against the
 Kubernetes schemas; reads the rendered objects for what an operator relies on (GPUs
 requested, images pinned by digest, pods non-root on a read-only root, probes, scaling);
 validates the compose files against the compose-spec schema; lints the Dockerfiles and
@@ -25,6 +26,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from worker.node.executors.process import job_environment, told_images
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -72,9 +75,11 @@ def overlay(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(overlay name, its rendered YAML)."""
     kubectl = _tool("kubectl")  # renders the kustomize overlays
     name = str(request.param)
+    base = _run(kubectl, "kustomize", str(KUBERNETES / "base"))
+    assert base.returncode == 0, base.stderr
     out = _run(kubectl, "kustomize", str(KUBERNETES / "overlays" / name))
     assert out.returncode == 0, out.stderr
-    return name, out.stdout
+    return name, base.stdout + "---\n" + out.stdout
 
 
 def _objects(rendered: str) -> list[dict[str, Any]]:
@@ -113,9 +118,11 @@ def test_overlays_pass_strict_kubernetes_schema_validation(
     passed = {line.split("resource ")[1].split(" ")[0] for line in lines if "passed" in line}
     assert {
         "deployment/reprotrain-api",
-        "deployment/reprotrain-worker",
+        f"statefulset/reprotrain-worker-{name}",
+        f"poddisruptionbudget/reprotrain-worker-{name}",
         "job/reprotrain-migrate",
         "service/reprotrain-api",
+        "networkpolicy/reprotrain-workers",
     } <= passed
 
 
@@ -129,23 +136,29 @@ def test_every_image_is_pinned_by_digest(overlay: tuple[str, str]) -> None:
     assert not unpinned
 
 
-def test_worker_advertises_the_image_it_runs(overlay: tuple[str, str]) -> None:
-    objects = _objects(overlay[1])
-    (worker,) = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]["spec"][
-        "containers"
-    ]
-    env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert "--image=$(REPRO_WORKER_IMAGE)" in worker["args"]
-    assert "--executor=process" in worker["args"]
-    assert env["REPRO_WORKER_IMAGE"] == worker["image"]
-    assert DIGEST.match(worker["image"])
+def test_every_worker_learns_its_image(overlay: tuple[str, str]) -> None:
+    name, rendered = overlay
+    objects = _objects(rendered)
+    workers = [o for o in objects if o["kind"] == "StatefulSet"]
+    assert [w["metadata"]["name"] for w in workers] == [f"reprotrain-worker-{name}"]
+    for pool in workers:
+        for worker in pool["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+            assert "--executor=process" in worker["args"]
+            assert DIGEST.match(worker["image"])
+            # The registry digest it is pulled by, and the image ID the docker executor pins:
+            # the agent advertises both, and its jobs record both as provenance.
+            assert env["REPRO_IMAGE_DIGEST"] == env["REPRO_IMAGE_REF"] == worker["image"]
+            assert re.fullmatch(r"sha256:[0-9a-f]{64}", env["REPRO_IMAGE_ID"] or "")
+            assert told_images(env) == [env["REPRO_IMAGE_ID"], worker["image"]]
+            assert told_images(job_environment(env)) == told_images(env)
 
 
 def test_every_pod_is_non_root_with_a_read_only_root(overlay: tuple[str, str]) -> None:
     pods = dict(_pod_specs(_objects(overlay[1])))
     assert {
         "Deployment/reprotrain-api",
-        "Deployment/reprotrain-worker",
+        f"StatefulSet/reprotrain-worker-{overlay[0]}",
         "Job/reprotrain-migrate",
     } <= set(pods)
     for where, pod in pods.items():
@@ -165,7 +178,9 @@ def test_every_pod_is_non_root_with_a_read_only_root(overlay: tuple[str, str]) -
 def test_gpu_workers_request_gpus_and_cpu_workers_do_not(overlay: tuple[str, str]) -> None:
     name, rendered = overlay
     objects = _objects(rendered)
-    worker_pod = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]["spec"]
+    worker_pod = _one(objects, "StatefulSet", f"reprotrain-worker-{name}")["spec"]["template"][
+        "spec"
+    ]
     gpu_containers = [
         c for _, pod in _pod_specs(objects) for c in _containers(pod) if "gpu" in c["image"]
     ]
@@ -188,10 +203,55 @@ def test_gpu_workers_request_gpus_and_cpu_workers_do_not(overlay: tuple[str, str
         assert "nodeSelector" not in worker_pod
 
 
-def test_workers_get_time_to_checkpoint_on_termination(overlay: tuple[str, str]) -> None:
-    objects = _objects(overlay[1])
-    pod = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]["spec"]
+def test_workers_get_time_to_checkpoint_and_keep_their_outbox(overlay: tuple[str, str]) -> None:
+    name, rendered = overlay
+    objects = _objects(rendered)
+    pool = _one(objects, "StatefulSet", f"reprotrain-worker-{name}")
+    pod = pool["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 300
+    # The outbox lives on a volume of the pod's own, kept when the pod is replaced.
+    (claim,) = pool["spec"]["volumeClaimTemplates"]
+    (worker,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == "/var/lib/reprotrain/work"
+    assert "--work-dir=/var/lib/reprotrain/work" in worker["args"]
+    assert worker["livenessProbe"]["exec"]["command"][:3] == [
+        "python3",
+        "-m",
+        "worker.node.liveness",
+    ]
+    pdb = _one(objects, "PodDisruptionBudget", f"reprotrain-worker-{name}")
+    assert pdb["spec"]["selector"]["matchLabels"] == pool["spec"]["selector"]["matchLabels"]
+    assert "replicas" not in pool["spec"]  # KEDA owns the count
+
+
+def test_pods_bound_their_ephemeral_storage(overlay: tuple[str, str]) -> None:
+    for where, pod in _pod_specs(_objects(overlay[1])):
+        for c in _containers(pod):
+            assert c["resources"]["requests"]["ephemeral-storage"], (where, c["name"])
+            assert c["resources"]["limits"]["ephemeral-storage"], (where, c["name"])
+        for volume in pod.get("volumes", []):
+            if "emptyDir" in volume:
+                assert volume["emptyDir"].get("sizeLimit"), (where, volume["name"])
+
+
+def test_workers_reach_only_the_api(overlay: tuple[str, str]) -> None:
+    objects = _objects(overlay[1])
+    deny = _one(objects, "NetworkPolicy", "reprotrain-default-deny")["spec"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    workers = _one(objects, "NetworkPolicy", "reprotrain-workers")["spec"]
+    assert workers["ingress"] == []
+    to_api, dns = workers["egress"]
+    assert to_api["to"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "reprotrain-api"}}}
+    ]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    pool = _one(objects, "StatefulSet", f"reprotrain-worker-{overlay[0]}")
+    labels = pool["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "worker"
+    api = _one(objects, "NetworkPolicy", "reprotrain-api")["spec"]
+    (allowed,) = api["ingress"]
+    assert [p["port"] for p in allowed["ports"]] == [8000]
 
 
 def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
@@ -215,22 +275,42 @@ def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
     }
     # Created by the operator, never kept (with a placeholder) in the repository.
     assert not [o for o in objects if o["kind"] == "Secret"]
-    migrate = _one(objects, "Job", "reprotrain-migrate")["spec"]["template"]["spec"]
+    job = _one(objects, "Job", "reprotrain-migrate")
+    migrate = job["spec"]["template"]["spec"]
     assert migrate["containers"][0]["args"] == ["db", "upgrade"]
+    # The Job is the one migrator; it is gone once done, so the next apply creates it anew.
+    assert "--no-migrate" in api["args"]
+    assert job["spec"]["ttlSecondsAfterFinished"] == 0
     assert not any(pod.get("initContainers") for _, pod in _pod_specs(objects))
 
 
-def test_workers_scale_on_queued_plus_running_runs(overlay: tuple[str, str]) -> None:
-    objects = _objects(overlay[1])
-    scaled = _one(objects, "ScaledObject", "reprotrain-worker")
-    assert scaled["spec"]["scaleTargetRef"]["name"] == "reprotrain-worker"
+def test_each_pool_scales_on_its_own_claimable_runs(overlay: tuple[str, str]) -> None:
+    name, rendered = overlay
+    objects = _objects(rendered)
+    scaled = _one(objects, "ScaledObject", f"reprotrain-worker-{name}")
+    assert scaled["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": f"reprotrain-worker-{name}",
+    }
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
     query = trigger["metadata"]["query"]
-    assert "reprotrain_runs" in query and "queued|running" in query
+    # What it counts is checked against a real scrape in
+    # tests/integration/test_pool_scaling_metrics.py.
+    assert "reprotrain_held_runs" in query and "reprotrain_queued_runs" in query
+    assert "|ID|" not in query and "DIGEST" not in query  # the pool's identities filled in
     assert trigger["metadata"]["threshold"] == "1"
-    template = _one(objects, "Deployment", "reprotrain-worker")["spec"]["template"]
-    assert "controller.kubernetes.io/pod-deletion-cost" in template["metadata"]["annotations"]
+
+
+def test_pools_coexist_in_one_namespace() -> None:
+    kubectl = _tool("kubectl")
+    names = []
+    for path in (KUBERNETES / "base", *(KUBERNETES / "overlays" / n for n in OVERLAYS)):
+        out = _run(kubectl, "kustomize", str(path))
+        assert out.returncode == 0, out.stderr
+        names += [(o["kind"], o["metadata"]["name"]) for o in _objects(out.stdout)]
+    assert len(names) == len(set(names)), sorted(names)
 
 
 # --- compose ------------------------------------------------------------------------------

@@ -41,6 +41,10 @@ log = logging.getLogger("reprotrain.agent")
 LABEL_AGENT = "org.reprotrain.agent"  # the agent instance that started the container
 LABEL_HOST = "org.reprotrain.agent-host"
 LABEL_RUN = "org.reprotrain.run"
+# Set by docker/build.sh: the commit the image's source was built from, and if it was dirty.
+REVISION_LABEL = "org.opencontainers.image.revision"
+REVISION_DIRTY_LABEL = "org.reprotrain.revision-dirty"
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 WORKSPACE = Path("/job")  # where the per-run workspace is mounted in the container
 DATASETS = Path("/datasets")  # where the run's dataset file is mounted, read-only
 NOBODY = (65534, 65534)
@@ -66,19 +70,28 @@ class ImageIdentity:
     repo_digests: tuple[str, ...]  # name@sha256:... of the registry manifest, when pulled
     reference: str  # the name the operator gave it
     user: str  # the image's configured user ("" is root)
+    # The commit its source was built from (its OCI revision label), and whether that tree had
+    # uncommitted changes; None when the image does not say.
+    revision: str | None = None
+    revision_dirty: bool | None = None
 
     def provenance(self) -> dict[str, Any]:
         """The fields a job records under provenance.image."""
         return {"id": self.id, "repo_digests": list(self.repo_digests), "reference": self.reference}
 
     def environment(self) -> dict[str, str]:
-        """The same, as the variables the job reads them from."""
-        return {
+        """The same, as the variables the job reads them from (and the commit it records)."""
+        env = {
             "REPRO_IMAGE_ID": self.id,
             "REPRO_IMAGE_REPO_DIGESTS": ",".join(self.repo_digests),
             "REPRO_IMAGE_DIGEST": self.repo_digests[0] if self.repo_digests else "",
             "REPRO_IMAGE_REF": self.reference,
         }
+        if self.revision is not None:
+            env["REPRO_GIT_COMMIT"] = self.revision
+            if self.revision_dirty is not None:
+                env["REPRO_GIT_DIRTY"] = "true" if self.revision_dirty else "false"
+        return env
 
 
 def _is_pinned(reference: str) -> bool:
@@ -170,11 +183,17 @@ class DockerExecutor:
                 f"image {reference!r} is not on this Docker engine (build, load or pull it first)"
             ) from None
         config = image.attrs.get("Config") or {}
+        labels = config.get("Labels") or {}
+        revision = str(labels.get(REVISION_LABEL) or "")
+        dirty = str(labels.get(REVISION_DIRTY_LABEL) or "")
         return ImageIdentity(
             id=str(image.id),
             repo_digests=tuple(image.attrs.get("RepoDigests") or ()),
             reference=reference,
             user=str(config.get("User") or ""),
+            # Images the job records from: an image built outside a checkout says "unknown".
+            revision=revision if _COMMIT.fullmatch(revision) else None,
+            revision_dirty={"true": True, "false": False}.get(dirty),
         )
 
     def _host_has_gpus(self) -> bool:
@@ -232,6 +251,7 @@ class DockerExecutor:
             max_model_parameters=request.max_model_parameters,
             trace_every_steps=request.trace_every_steps,
             until_epoch=request.until_epoch,
+            until_step=request.until_step,
             dataset_file=dataset,
             code_file=code,
             model_file=model,

@@ -1,0 +1,181 @@
+"""Each worker pool's KEDA trigger, as the Kubernetes overlays render it, counts exactly the
+runs that pool's workers can claim: its query is evaluated against a real `/metrics` scrape
+after runs of several requirements were queued, and compared with what workers advertising
+the pool's image (as its pods are told it) and devices then actually claim."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
+
+from service.app import create_app
+from service.auth.tokens import create_token
+from service.config import Settings
+from service.persistence.migrate import upgrade
+from service.persistence.models import Run
+from tests.integration.jobs import REPO
+from worker.node.executors.process import told_images
+
+SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
+OVERLAYS = REPO / "deploy" / "kubernetes" / "overlays"
+Samples = list[tuple[str, dict[str, str], float]]
+
+# The one query shape the pools use: a sum of `(sum(max by (...) (selector)) or vector(0))`.
+_TERM = re.compile(r"\(sum\(max by \(([\w, ]+)\) \((\w+)\{([^}]*)\}\)\) or vector\(0\)\)")
+_MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
+
+
+def evaluate(query: str, samples: Samples) -> float:
+    """The value Prometheus gives `query` over one scrape (of one API replica)."""
+    flat = " ".join(query.split()).replace("( ", "(").replace(" )", ")")
+    terms = _TERM.findall(flat)
+    assert terms and " + ".join(m.group(0) for m in _TERM.finditer(flat)) == flat, flat
+    total = 0.0
+    for by, metric, selector in terms:
+        keys = [k.strip() for k in by.split(",")]
+        matchers = _MATCHER.findall(selector)
+        groups: dict[tuple[str, ...], float] = {}
+        for name, labels, value in samples:
+            if name != metric or not all(
+                re.fullmatch(v, labels.get(k, "")) if op == "=~" else labels.get(k, "") == v
+                for k, op, v in matchers
+            ):
+                continue
+            key = tuple(labels.get(k, "") for k in keys)
+            groups[key] = max(groups.get(key, value), value)
+        total += sum(groups.values())  # `or vector(0)`: nothing selected adds 0
+    return total
+
+
+def pools() -> dict[str, dict[str, Any]]:
+    """Per overlay: the trigger's query and what its workers advertise and offer."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is missing: install the project with its 'deploy' extra")
+    found = {}
+    for name in ("cpu", "gpu"):
+        out = subprocess.run(
+            [kubectl, "kustomize", str(OVERLAYS / name)],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        objects = [o for o in yaml.safe_load_all(out.stdout) if o]
+        (pool,) = [o for o in objects if o["kind"] == "StatefulSet"]
+        (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
+        (worker,) = pool["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+        gpus = int(worker.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        cpu = [int(a.split("=")[1]) for a in worker["args"] if a.startswith("--cpu-replicas=")]
+        (trigger,) = scaled["spec"]["triggers"]
+        found[name] = {
+            "query": trigger["metadata"]["query"],
+            "images": told_images(env),
+            "devices": {"gpus": gpus} if gpus else {"cpu_devices": cpu[0]},
+        }
+    return found
+
+
+async def scrape(client: httpx.AsyncClient) -> Samples:
+    got = await client.get("/metrics")
+    assert got.status_code == 200, got.text
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(got.text)
+        for s in family.samples
+    ]
+
+
+def test_each_pool_trigger_counts_what_the_pool_can_claim(tmp_path: Path) -> None:
+    found = pools()
+    cpu_id, cpu_digest = found["cpu"]["images"]
+    gpu_id, gpu_digest = found["gpu"]["images"]
+    unknown = "sha256:" + "ef" * 32
+    # (required image, replicas, needs code) of each queued run, oldest first.
+    runs = [
+        (None, 1, False),  # either pool
+        (gpu_id, 1, False),  # the GPU pool, by image ID
+        (gpu_digest, 1, False),  # the GPU pool, by registry digest
+        (cpu_id, 2, False),  # the CPU pool (two devices)
+        (unknown, 1, False),  # no pool runs that image
+        (None, 4, False),  # more devices than any pod offers
+        (None, 1, True),  # a code bundle: process workers without --trust-code refuse it
+        (gpu_id, 2, False),  # two devices on one-GPU pods
+        (cpu_digest, 1, False),  # the CPU pool, by registry digest
+    ]
+    settings = Settings(data_dir=tmp_path / "data", lease_seconds=300)
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+    with app.state.sessionmaker() as db:
+        secrets = {r: create_token(db=db, name=r, role=r)[1] for r in ("admin", "worker")}
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        admin, worker = (
+            httpx.AsyncClient(
+                transport=transport,
+                base_url="http://api",
+                headers={"Authorization": f"Bearer {secrets[role]}"},
+            )
+            for role in ("admin", "worker")
+        )
+        ids = []
+        for i, (image, replicas, code) in enumerate(runs):
+            spec = SEED001.replace("seed: 42", f"seed: {100 + i}")
+            got = await admin.post(
+                "/api/v1/experiments", content=spec, headers={"content-type": "application/yaml"}
+            )
+            assert got.status_code == 201, got.text
+            ids.append(got.json()["run"]["id"])
+            with app.state.sessionmaker() as db:
+                db.execute(
+                    update(Run)
+                    .where(Run.id == ids[-1])
+                    .values(required_image=image, replicas=replicas, needs_code=code)
+                )
+                db.commit()
+        samples = await scrape(admin)
+        assert evaluate(found["gpu"]["query"], samples) == 3  # runs 1, 2, 3
+        assert evaluate(found["cpu"]["query"], samples) == 3  # runs 1, 4, 9
+
+        workers = {}
+        for name, pool in found.items():
+            body = {"name": f"{name}-0", "images": pool["images"], **pool["devices"]}
+            got = await worker.post("/api/v1/workers/register", json=body)
+            assert got.status_code == 201, got.text
+            workers[name] = got.json()["id"]
+        # The GPU pod claims the oldest run either pool could take: now it counts as held by
+        # the GPU pool, and the CPU pool no longer counts it.
+        first = await worker.post(f"/api/v1/workers/{workers['gpu']}/claim")
+        assert first.json()["run"]["id"] == ids[0]
+        samples = await scrape(admin)
+        assert evaluate(found["gpu"]["query"], samples) == 3
+        assert evaluate(found["cpu"]["query"], samples) == 2
+
+        claimed: dict[str, list[int]] = {"gpu": [ids[0]], "cpu": []}
+        for name in ("cpu", "gpu"):
+            path = f"/api/v1/workers/{workers[name]}/claim"
+            while (got := await worker.post(path)).status_code == 200:
+                claimed[name].append(got.json()["run"]["id"])
+        assert sorted(claimed["gpu"]) == [ids[0], ids[1], ids[2]]
+        assert sorted(claimed["cpu"]) == [ids[3], ids[8]]
+        samples = await scrape(admin)
+        for name in ("cpu", "gpu"):  # what each pool holds keeps its pods
+            assert evaluate(found[name]["query"], samples) == len(claimed[name])
+        queued = sum(v for n, _, v in samples if n == "reprotrain_queued_runs")
+        assert queued == 4  # the runs no pool can claim: counted, scaling no pool
+        await admin.aclose()
+        await worker.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
