@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.machine import describe, machine
-from benchmarks.pipeline import with_one_core_bound
 from benchmarks.readme import README, write_readme
 from benchmarks.rounds import progress
 from benchmarks.rows import Row, read_rows, render_table, target_summary, write_json
@@ -70,9 +69,8 @@ def run_child(module: str, *args: str) -> list[Row]:
 
 def _pipeline(quick: bool) -> list[Row]:
     flag = ["--quick"] if quick else []
-    return with_one_core_bound(
-        run_child("benchmarks.pipeline", "--cores", "all", *flag)
-        + run_child("benchmarks.pipeline", "--cores", "1", *flag)
+    return run_child("benchmarks.pipeline", "--cores", "all", *flag) + run_child(
+        "benchmarks.pipeline", "--cores", "1", *flag
     )
 
 
@@ -139,6 +137,12 @@ def _waiting(quick: bool) -> list[Row]:
     return waiting_load.measure(quick)
 
 
+def _spotcheck(quick: bool) -> list[Row]:
+    from benchmarks import spot_checks
+
+    return spot_checks.measure(quick)
+
+
 def _executors(quick: bool) -> list[Row]:
     from benchmarks import executor_overhead
 
@@ -166,6 +170,7 @@ SECTIONS = {
     "compare": Section("the comparison report's server time", _compare),
     "dashboard": Section("the dashboard's pages at 1k, 10k, 100k runs", _dashboard),
     "executors": Section("container start-to-first-step: docker vs process executor", _executors),
+    "spotcheck": Section("spot checks: replays' share of training, checkpoints kept", _spotcheck),
 }
 # The table's order: the issue's numbering (3b comes from the training runs).
 ROW_ORDER = (
@@ -183,6 +188,7 @@ ROW_ORDER = (
     "compare",
     "dashboard",
     "executors",
+    "spotcheck",
 )
 
 

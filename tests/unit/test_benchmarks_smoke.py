@@ -9,7 +9,6 @@ from pathlib import Path
 
 from benchmarks import api_throughput, arrays_pipeline
 from benchmarks.load_api import Figures
-from benchmarks.pipeline import TARGET, _cause, with_one_core_bound
 from benchmarks.readme import BEGIN, END, README, replace_block, results_block
 from benchmarks.rounds import Timed
 from benchmarks.rows import Row
@@ -109,12 +108,23 @@ def test_training_rows_come_from_the_keras_sections_jobs(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(rows_json.read_text())["rows"]
     keras = [r for r in rows if r["section"] == "keras"]
-    assert sorted(r["params"]["baseline"] for r in keras) == [
-        "fit",
-        "fit_nondeterministic",
-        "fit_steps_per_execution",
-    ]
     assert all(r["measured"] > 0 and r["baseline"] > 0 for r in keras)
+    walls = [r for r in keras if r["benchmark"] == "whole process vs a model.fit script"]
+    assert sorted((r["params"]["job"], r["params"]["baseline"]) for r in walls) == [
+        ("job", "fit"),
+        ("job_steps_per_execution", "fit_steps_per_execution"),
+    ]
+    keras = [r for r in keras if r not in walls]
+    assert sorted((r["params"]["job"], r["params"]["baseline"]) for r in keras) == [
+        ("job", "fit"),
+        ("job", "fit_nondeterministic"),
+        ("job", "fit_steps_per_execution"),
+        ("job_steps_per_execution", "fit_steps_per_execution"),
+    ]
+    # The job with steps_per_execution in its spec runs several steps per compiled call.
+    (looped,) = [r for r in keras if r["params"]["job"] == "job_steps_per_execution"]
+    assert looped["params"]["job_steps_per_call"] > 1
+    keras = [r for r in keras if r is not looped]
     (trace,) = [r for r in rows if r["section"] == "trace"]
     (determinism,) = [r for r in rows if r["section"] == "determinism"]
     assert "mlp, 1 job," in trace["configuration"]
@@ -135,46 +145,6 @@ def test_only_a_full_run_replaces_the_readmes_plot_by_default() -> None:
     assert parse_args(["--only", "api"]).plot is None
     assert parse_args(["--quick"]).plot is None
     assert parse_args(["--quick", "--plot", "x.png"]).plot == Path("x.png")
-
-
-def _pipeline_row(batch: int, cores: int, measured: float, fused: float) -> Row:
-    ratio = measured / fused
-    return Row(
-        section="pipeline",
-        benchmark="input pipeline vs fused op",
-        configuration=f"B={batch}, {cores} cores",
-        unit="values/s",
-        measured=measured,
-        baseline=fused,
-        ratio=ratio,
-        target=f">= {TARGET:.2f}",
-        met=ratio >= TARGET,
-        cause="" if ratio >= TARGET else "per-process cause",
-        params={"pipeline": "in_graph", "batch": batch, "cores": cores},
-    )
-
-
-def test_a_multi_core_pipeline_miss_says_what_one_cores_rate_allows() -> None:
-    # The figures of a published full run (Mvalues/s): fused op 161.4 on 2 cores, 83.5 on 1.
-    rows = [
-        _pipeline_row(64, 2, 106.8e6, 161.4e6),
-        _pipeline_row(256, 2, 140.1e6, 161.4e6),
-        _pipeline_row(1024, 2, 149.9e6, 161.4e6),
-        _pipeline_row(64, 1, 65.8e6, 83.5e6),
-        _pipeline_row(256, 1, 76.7e6, 83.5e6),
-        _pipeline_row(1024, 1, 80.2e6, 83.5e6),
-    ]
-    b64, b256, b1024, one64, one256, one1024 = with_one_core_bound(rows)
-    # Two cores each making batch 64's 1-core 65.8 Mvalues/s: 131.6 of 161.4, 0.815.
-    assert b64.cause.startswith("per-process cause; one core's pipeline")
-    assert "65.8 Mvalues/s (0.79 of the fused op on one core)" in b64.cause
-    assert "reach 0.82 of this ceiling, so the fixed cost per batch alone" in b64.cause
-    assert "kept 0.81 of that bound" in b64.cause
-    # At batch 256 two such would reach 0.95 of it: the loss is in running side by side.
-    assert "reach 0.95 of this ceiling, so the gap is in running side by side: 0.91" in b256.cause
-    # Rows that met their target, and the 1-core rows, keep their causes.
-    assert b1024.cause == "" and one1024.cause == ""
-    assert one64.cause == "per-process cause" and one256.cause == ""
 
 
 def _timed_batch(name: str, batch_us: float, batch: int = 256, batches: int = 32) -> Timed:
@@ -210,21 +180,6 @@ def test_an_arrays_miss_splits_its_gap_into_the_crop_and_the_rest() -> None:
     assert "at 1.06 of the baseline, 472 us a batch ahead, so the crop and the flip" in ahead
 
 
-def test_a_pipeline_miss_beside_an_as_fast_serial_map_names_the_fixed_cost_where_it_fits() -> None:
-    # Figures of a full run: batch 64 (49 us over the fused op's 103, the fixed cost per
-    # element itself) and batch 4096 (1259 us over 6614, 26 times it), each with a parallel
-    # map no faster than a serial one.
-    small = _cause(49, 49, 103, 0.42, parallel=0.679, serial=0.68)
-    large = _cause(1259, 49, 6614, 0.52, parallel=0.84, serial=0.81)
-    for cause in (small, large):
-        assert "one batch's ops already spread over the cores" in cause
-    assert "1.00 times a serial map (0.68 of the ceiling)" in small
-    assert "several batches per map call" in small and "times the fixed cost" not in small
-    assert "1.04 times a serial map (0.81 of the ceiling)" in large
-    assert "by 26 times the fixed cost per element" in large
-    assert "several batches per map call" not in large
-
-
 def _window(kind: str, rps: float, errors: int = 0) -> Figures:
     return Figures(kind, int(rps * 2), rps, errors, errors / (rps * 2), 10.0, 20.0, 30.0, 40.0)
 
@@ -239,20 +194,3 @@ def test_api_rows_keep_each_sides_best_round_and_never_hide_failures() -> None:
     assert api_throughput.best(rounds["get_run"]).rps == 700.0
     # The slower round failed requests: the row shows that round, failures and all.
     assert api_throughput.best(rounds["list_runs"]).rps == 500.0
-    # A miss's cause gives each round's ratio against /healthz of the same round.
-    assert api_throughput._by_round(rounds, "get_run").endswith(": 0.350, 0.250")
-
-
-def test_an_api_miss_says_what_the_machines_cpu_per_request_allows() -> None:
-    # The figures of a run of the section: a PostgreSQL page against /healthz.
-    page = _window("list_runs", 524.0)
-    page.server_cpu_ms, page.database_cpu_ms, page.client_cpu_ms = 1.48, 0.67, 0.93
-    page.server_switches = 1.0
-    floor = _window("healthz", 2342.0)
-    floor.server_cpu_ms, floor.database_cpu_ms, floor.client_cpu_ms = 0.25, 0.0, 0.49
-    floor.server_switches = 0.5
-    cause = api_throughput._cause(page, floor, "postgresql")
-    assert "the server spends 1.48 ms of CPU per request against 0.25 ms" in cause
-    # 0.74 / (1.48 + 0.67 + 0.93) = 0.24
-    assert "the server, PostgreSQL and the load clients together spend 3.08 ms" in cause
-    assert "against 0.74 ms for /healthz, which on cores kept busy allows 0.24 of its rate" in cause

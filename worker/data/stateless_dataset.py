@@ -274,8 +274,44 @@ class StatelessRngDataset:
 
     def data_fingerprint(self, algorithm: str = DEFAULT_ALGORITHM) -> str:
         """A digest of every value of every batch, in batch-id order."""
+        ds = self.with_options(deterministic_order=True).as_dataset()
         digest = StreamDigest(algorithm)
-        for batch_id, batch in enumerate(self.iter_batches_in_order()):
-            for leaf_id, leaf in enumerate(tf.nest.flatten(batch)):
-                digest.add_array(f"{batch_id}/{leaf_id}", np.asarray(leaf))
+        _digest_batches(ds, self.num_batches, [digest])
         return digest.hexdigest()
+
+    def epochs_data_fingerprints(
+        self, first_epoch: int, last_epoch: int, algorithm: str = DEFAULT_ALGORITHM
+    ) -> list[str]:
+        """`for_epoch(e).data_fingerprint()` for each epoch e of first..last, from one
+        pipeline: a dataset per epoch cost about as much again to build and start."""
+        ordered = self.with_options(deterministic_order=True)
+        ds = ordered.epochs_dataset(first_epoch, last_epoch)
+        digests = [StreamDigest(algorithm) for _ in range(first_epoch, last_epoch + 1)]
+        _digest_batches(ds, self.num_batches, digests)
+        return [d.hexdigest() for d in digests]
+
+
+# Batches are fetched this many bytes at a time, stacked: a Python `next` per batch cost
+# more than generating it for small batches.
+_FINGERPRINT_CHUNK_BYTES = 8 << 20
+_FINGERPRINT_CHUNK_BATCHES = 256
+
+
+def _digest_batches(ds: tf.data.Dataset, per_digest: int, digests: list[StreamDigest]) -> None:
+    """Feed `digests` (one per `per_digest` consecutive batches of `ds`) every batch's
+    leaves, named `<batch id>/<leaf id>`; the values are the batches' own, whether they were
+    fetched one by one or stacked."""
+    specs = tf.nest.flatten(ds.element_spec)
+    chunk = 1
+    if all(spec.shape.is_fully_defined() for spec in specs):
+        batch_bytes = max(1, sum(spec.shape.num_elements() * spec.dtype.size for spec in specs))
+        chunk = max(1, min(_FINGERPRINT_CHUNK_BATCHES, _FINGERPRINT_CHUNK_BYTES // batch_bytes))
+    position = 0
+    for element in (ds.batch(chunk) if chunk > 1 else ds).as_numpy_iterator():
+        leaves = [np.asarray(leaf) for leaf in tf.nest.flatten(element)]
+        batches = [[leaf[i] for leaf in leaves] for i in range(len(leaves[0]))]
+        for batch in batches if chunk > 1 else [leaves]:
+            digest = digests[position // per_digest]
+            for leaf_id, leaf in enumerate(batch):
+                digest.add_array(f"{position % per_digest}/{leaf_id}", leaf)
+            position += 1

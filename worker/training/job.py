@@ -27,7 +27,7 @@ from worker.training import determinism
 from worker.training.mirrored_steps import MirroredSteps
 from worker.training.replicas import Placement
 from worker.training.seeds import SeedTuple
-from worker.training.step_loop import MultiStep
+from worker.training.step_loop import LoopedSteps
 from worker.training.step_loop import xy as _xy
 
 
@@ -130,8 +130,8 @@ class Job:
             step_fn = steps.train_step
             self.train_step = tf.function(steps.train_step, reduce_retracing=True)
             self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
-        # Several steps per compiled call, for epochs without per-step Python work.
-        self.multi_step = MultiStep(step_fn, self.data.name)
+        # Several steps per compiled call (`training.steps_per_execution`), in a loop.
+        self.looped_steps = LoopedSteps(self.train_step, self.data.name)
         self._step_fn = step_fn
 
     def stateful_random_ops(self) -> list[str]:

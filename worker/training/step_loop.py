@@ -1,23 +1,24 @@
 """An epoch's optimizer steps, run one per compiled call or several per call.
 
-Several steps per call is the idea behind Keras's `steps_per_execution`: the compiled
-function takes the dataset iterator and runs k steps inside the graph, so the Python
-cost of a call (dispatch, one iterator `next`) is paid once per k steps. A call never
-crosses a boundary the loop must stop at (a trace point, a step checkpoint, the epoch's
-end), so every fingerprint is taken exactly where one step per call takes it, from the
-same values: the same step function runs the same ops on the same batches.
+Several steps per call (`training.steps_per_execution` N > 1) is Keras's
+`steps_per_execution`: the compiled function takes the dataset iterator and runs k steps
+in a `tf.while_loop`, so the Python cost of a call (dispatch, one iterator `next`) is paid
+once per k steps. A call never crosses a boundary the loop must stop at (a trace point, a
+step checkpoint, the epoch's end), so every fingerprint is taken where one step per call
+takes it.
 
-The k steps are unrolled, not a `tf.while_loop`: TensorFlow rewrites a loop body's graph
-differently from a top-level step's (oneDNN fusions among them), which changed the bits
-of a transformer's training. Every call runs the same k (a divisor of the distance
-between boundaries), so a job traces one multi-step function: each epoch's reseed
-(`tf.random.set_seed`) clears TensorFlow's instantiated functions, and every further
-variant would be optimised again in every epoch.
+The loop body calls the job's compiled one-step function, as Keras's loop calls its own:
+inlining the step's ops into the body instead made the loop compile several times slower.
+k is a tensor: one traced function serves every call, so each epoch's reseed (which clears
+TensorFlow's instantiated functions) re-optimises one function, and every step of a job
+runs the same loop body whatever k its call has. That is what keeps the bits independent of
+where calls are cut (a resume, `--trace-every-steps`). Against N = 1 they may differ, since
+TensorFlow may rewrite a loop body's graph differently from a top-level step's (an unrolled
+loop once changed a transformer's bits), so the spec hash includes N.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,18 +28,6 @@ import tensorflow as tf
 from worker.errors import GeneratorError
 from worker.record.fingerprint import StreamDigest
 
-MAX_STEPS_PER_CALL = 16
-
-
-def call_size(periods: list[int | None], cap: int = MAX_STEPS_PER_CALL) -> int:
-    """The steps per call: the largest divisor, at most `cap`, of every boundary period.
-
-    Boundaries (trace points, step checkpoints, epoch ends) fall on multiples of their
-    periods' greatest common divisor, so calls of that many steps never cross one.
-    """
-    period = math.gcd(*[p for p in periods if p])
-    return max(d for d in range(1, min(cap, period) + 1) if period % d == 0)
-
 
 def xy(batch: Any, generator: str) -> tuple[Any, Any]:
     """The (x, y) of one generated batch."""
@@ -47,6 +36,20 @@ def xy(batch: Any, generator: str) -> tuple[Any, Any]:
     if isinstance(batch, tuple | list) and len(batch) == 2:
         return batch[0], batch[1]
     raise GeneratorError(generator, "must return (x, y) or a mapping with keys 'x' and 'y'")
+
+
+def is_xy_pair(element_spec: Any) -> bool:
+    """Whether a batch is exactly two tensors, x then y: then what a step consumes is every
+    value of the batch, in the order its data fingerprint digests them."""
+    if isinstance(element_spec, dict):
+        if set(element_spec) != {"x", "y"}:
+            return False
+        element_spec = (element_spec["x"], element_spec["y"])
+    return (
+        isinstance(element_spec, tuple | list)
+        and len(element_spec) == 2
+        and all(isinstance(leaf, tf.TensorSpec) for leaf in element_spec)
+    )
 
 
 def batches(dataset: tf.data.Dataset, generator: str) -> Iterator[tuple[Any, Any]]:
@@ -75,26 +78,32 @@ def next_xy(iterator: Any, generator: str) -> tuple[Any, Any]:
     return xy(batch, generator)
 
 
-class MultiStep:
-    """A compiled function running k steps of `step_fn` on batches from an iterator."""
+class LoopedSteps:
+    """A compiled function running k steps of the compiled `step_fn` on batches from an
+    iterator."""
 
     def __init__(self, step_fn: Callable[[Any, Any], Any], generator: str) -> None:
         self.generator = generator
         self._step_fn = step_fn
-        self.function = tf.function(self._steps, reduce_retracing=True)
+        self.function = tf.function(self._steps)
 
-    def _steps(self, iterator: Any, k: int) -> Any:
-        loss = None
-        for _ in range(k):
+    def _steps(self, iterator: Any, k: tf.Tensor) -> tf.Tensor:
+        def body(i: tf.Tensor, _: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             x, y = xy(iterator.get_next(), self.generator)
-            loss = self._step_fn(x, y)
+            # The loss only reports progress; a float32 scalar whatever the model's dtype.
+            loss = tf.reduce_mean(tf.cast(self._step_fn(x, y), tf.float32))
+            return i + 1, loss
+
+        _, loss = tf.while_loop(
+            lambda i, _: i < k, body, (tf.constant(0, tf.int32), tf.constant(0.0, tf.float32))
+        )
         return loss
 
     def __call__(self, iterator: Any, k: int) -> Any:
         try:
-            return self.function(iterator, k)
+            return self.function(iterator, tf.constant(k, tf.int32))
         except tf.errors.OpError as exc:
-            if "IteratorGetNext" in str(exc):
+            if "IteratorGetNext" in str(exc) or isinstance(exc, tf.errors.OutOfRangeError):
                 raise GeneratorError(
                     self.generator, f"failed while generating a batch: {exc.message}"
                 ) from exc
@@ -106,7 +115,7 @@ def epoch_steps(
     iterator: Any,
     generator: str,
     single: Callable[[Any, Any], Any],
-    multi: MultiStep | None,
+    looped: LoopedSteps | None,
     first_batch: int,
     num_batches: int,
     step: int,
@@ -117,12 +126,12 @@ def epoch_steps(
     """Train an epoch from `first_batch`; yields (batches done, global step, loss) per call.
 
     `iterator` gives the epoch's batches from `first_batch` on (it may go on into the next
-    epochs': exactly `num_batches - first_batch` are taken). `multi` None (or
-    `steps_per_call` 1) runs one step per call, feeding `digest` the batches when there is
-    one. Otherwise each call runs `steps_per_call` steps, or single steps where fewer
-    remain before the next boundary (`steps_to_boundary(step)`).
+    epochs': exactly `num_batches - first_batch` are taken). `looped` None runs one step per
+    call of `single`, feeding `digest` the batches when there is one. Otherwise every call
+    goes through `looped`: `steps_per_call` steps, or fewer where the next boundary
+    (`steps_to_boundary(step)`) or the epoch's end comes first.
     """
-    if multi is None or steps_per_call == 1:
+    if looped is None:
         for batch in range(first_batch + 1, num_batches + 1):
             x, y = next_xy(iterator, generator)
             if digest is not None:
@@ -134,8 +143,7 @@ def epoch_steps(
         return
     batch = first_batch
     while batch < num_batches:
-        left = min(num_batches - batch, steps_to_boundary(step))
-        k = steps_per_call if left >= steps_per_call else 1
-        loss = multi(iterator, k)
+        k = min(num_batches - batch, steps_to_boundary(step), steps_per_call)
+        loss = looped(iterator, k)
         batch, step = batch + k, step + k
         yield batch, step, loss
