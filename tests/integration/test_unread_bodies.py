@@ -160,7 +160,10 @@ ANSWER_PATIENCE = 30.0  # connect and answer on a machine busy with other tests
 @pytest.fixture
 def cramped_service(tmp_path: Path) -> Iterator[Service]:
     raise_open_files_limit(4 * BATCH)  # this process holds a batch, the server must not
-    svc = Service(tmp_path / "data", env=ENV, extra=("--no-demo",))
+    # The heads arrive whole; a loaded machine may take over a second to read 200 of them,
+    # which the 1 s header deadline of the other tests here would cut off.
+    env = {**ENV, "REPRO_HEADER_TIMEOUT_SECONDS": str(ANSWER_PATIENCE)}
+    svc = Service(tmp_path / "data", env=env, extra=("--no-demo",))
     try:
         limit = (SERVER_OPEN_FILES, SERVER_OPEN_FILES)
         resource.prlimit(svc.proc.pid, resource.RLIMIT_NOFILE, limit)
