@@ -52,6 +52,17 @@ class Settings(BaseSettings):
     # Runs one N-way comparison may name (API and dashboard): its pairs grow with N squared,
     # and each run's trace and metrics are read, so past it the request is refused (422).
     max_compare_runs: int = Field(default=20, ge=2, le=200)
+    # Checkpoints a finished run keeps for spot checks and refinements: "all" (every epoch
+    # checkpoint), "every:N" (epochs N, 2N, ... and the last) or "final" (the last only; no
+    # spot check then). Each kept one costs the model's state in bytes (see the README).
+    keep_checkpoints: str = Field(default="all", pattern=r"^(all|final|every:[1-9][0-9]{0,5})$")
+    # Segments every successful training gets spot-checked on automatically; 0: on request.
+    spot_check_segments: int = Field(default=0, ge=0, le=1000)
+    # Segments one spot check may ask for: each is a job on a worker.
+    max_spot_check_segments: int = Field(default=50, ge=1, le=10_000)
+    # A segment's replay waits this long for a worker other than the one that trained the
+    # run; past it, that worker may take it (the report says it replayed on the same one).
+    spot_check_other_worker_seconds: float = Field(default=120.0, ge=0)
     # Metric names per run whose final values are kept for sorting the runs page (one row
     # each); a result naming more keeps them all in its metrics, sortable by the first ones.
     max_sortable_metrics: int = Field(default=64, ge=1, le=10_000)
@@ -69,6 +80,8 @@ class Settings(BaseSettings):
     # worker may advertise (422); each stored worker is shown in lists and pages.
     max_workers_per_token: int = Field(default=256, ge=1)
     max_worker_images: int = Field(default=64, ge=1, le=1000)
+    # Reproducibility flags (`repro doctor`'s) one worker may report at registration (422).
+    max_worker_flags: int = Field(default=32, ge=1, le=256)
     # Slow clients: a request's headers must arrive within header_timeout_seconds of the
     # connection (or of its previous response); its body within body_timeout_seconds, plus
     # one second per body_min_bytes_per_second received (so a large upload at a steady rate
@@ -120,6 +133,10 @@ class Settings(BaseSettings):
     # /metrics answers without a token by default (aggregate numbers only, as Prometheus
     # scrapers expect); when True it asks for a token with the read role.
     metrics_token_required: bool = False
+    # /metrics labels the queue by required image for per-pool autoscaling. Images come from
+    # specs, so only this many (the most queued and running) get a series each; the rest are
+    # summed under image="other", keeping the scrape bounded whatever users submit.
+    metrics_max_image_labels: int = Field(default=50, ge=1, le=10_000)
     # Dashboard sessions: signed with this secret when set (several API replicas must share
     # one), else with a secret created on first start in the data directory (owner-only).
     dashboard_secret: str = Field(default="", repr=False)

@@ -79,11 +79,14 @@ class RunOut(BaseModel):
     error: dict[str, Any] | None
     verdict: str | None = None
     is_reference: bool = False
-    kind: str = "train"  # or "refine": a re-trace made by POST /compare/refine
+    # or "refine": a re-trace made by POST /compare/refine; "spot-check": a segment's replay
+    kind: str = "train"
     audit_id: int | None = None  # the reproducibility audit this run is a copy in
     replicas: int = 1  # devices the run trains on (the spec's distribution.replicas)
     # The global step of the checkpoint the finishing attempt resumed from, if it resumed.
     resumed_from_step: int | None = None
+    # The newest spot check's outcome: pending, verified, failed or error (None: never).
+    spot_check: str | None = None
 
 
 class RunDetail(RunOut):
@@ -456,3 +459,34 @@ class RunArtifact(ArtifactOut):
 
     download_url: str
     created_at: UtcDatetime
+
+
+class SpotCheckIn(BaseModel):
+    """A spot check to queue: how many segments, and optionally the seed that picks them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    segments: int = Field(
+        default=3, ge=1, description="segments to replay (at most REPRO_MAX_SPOT_CHECK_SEGMENTS)"
+    )
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**63,
+        description="picks the segments; absent: the server draws one (and records it)",
+    )
+
+
+class SpotCheckOut(BaseModel):
+    """A spot check: the segments chosen, their replays and, once all ended, the outcome."""
+
+    id: int
+    run_id: int
+    status: str  # pending, verified, failed (a segment did not replay bit for bit), error
+    seed: str  # as text: JavaScript numbers lose digits past 2**53
+    requested: int
+    segments: list[dict[str, Any]]
+    report: dict[str, Any] | None
+    requested_by: str | None
+    created_at: UtcDatetime
+    finished_at: UtcDatetime | None

@@ -18,6 +18,13 @@ ExecutorName = Annotated[PlainText, Field(min_length=1, max_length=40)]
 ImageRef = Annotated[PlainText, Field(min_length=1, max_length=500)]
 
 
+class ReadinessFlag(StrictInput):
+    """One threat to reproducibility the worker's checks found (`repro doctor`'s flags)."""
+
+    check: PlainText = Field(min_length=1, max_length=40)
+    message: PlainText = Field(min_length=1, max_length=1000)
+
+
 class RegisterIn(StrictInput):
     name: PlainText = Field(min_length=1, max_length=200)
     hostname: PlainText = Field(default="", max_length=200)
@@ -31,6 +38,9 @@ class RegisterIn(StrictInput):
     # Whether it runs code bundles: the docker executor does, a process worker only when its
     # operator said so (--trust-code). Runs with a bundle go only to such workers.
     accepts_code: bool = False
+    # What its reproducibility checks flagged at start; None when it did not run them. The
+    # count is bounded by REPRO_MAX_WORKER_FLAGS.
+    readiness_flags: list[ReadinessFlag] | None = Field(default=None, max_length=256)
 
 
 class RegisterOut(BaseModel):
@@ -55,6 +65,7 @@ class WorkerOut(BaseModel):
     cpu_devices: int | None
     devices: int
     accepts_code: bool = False
+    readiness_flags: list[dict[str, str]] | None = None
     registered_at: UtcDatetime
     last_seen_at: UtcDatetime
 
@@ -164,7 +175,8 @@ class ClaimOut(BaseModel):
     lease: LeaseOut
     checkpoint: CheckpointOut | None
     limits: dict[str, int] = Field(default_factory=dict)
-    # Job options beyond the spec: `trace_every_steps`, `until_epoch` (a re-trace).
+    # Job options beyond the spec: `trace_every_steps`, `until_epoch` (a re-trace),
+    # `until_step` (a spot check's replay that ends mid-epoch).
     job: dict[str, int] = Field(default_factory=dict)
     # How the job records its environment: `key` (digests of values outside the numerics
     # list) and `numeric_env_vars` (the operator's additions to that list).

@@ -55,6 +55,7 @@ class JobResult(BaseModel):
     resumed_from_step: int | None = None  # global step of the checkpoint resumed from
     interrupted_after_epoch: int | None = None
     until_epoch: int | None = None  # set when asked to finish early (a re-trace)
+    until_step: int | None = None  # set when asked to stop after a global step (a replay)
     warnings: list[str] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
     error: JobError | None = None

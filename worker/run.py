@@ -3,15 +3,16 @@
 Options: `--checkpoint-dir D` keeps epoch checkpoints (and step checkpoints when the spec
 sets `training.checkpoint_every_steps`); `--resume` continues from the newest of either.
 `--no-logical-devices` refuses to split the CPU into logical devices for replicas.
-`--steps-per-call N` runs up to N optimizer steps per compiled call (default 1);
-traces and fingerprints do not depend on it, nor on `--classic-loop` (one step per call, a
-dataset per epoch and TensorFlow reseeded every epoch, as jobs ran before).
+Traces and fingerprints do not depend on `--classic-loop` (a dataset per epoch and
+TensorFlow reseeded every epoch, as jobs ran before); several steps per compiled call are
+the spec's `training.steps_per_execution`.
 `--dataset-file F` is the stored dataset the spec names by digest (`dataset.data`): the
 file's digest must equal it; `--model-file F` likewise the Keras model definition the spec
 names (`model.definition`). `--export-model M.keras` saves the final model on success.
 
 The process re-executes itself once if its environment lacks what determinism needs
-(PYTHONHASHSEED and thread variables only count at interpreter start). A result
+(PYTHONHASHSEED and thread variables only count at interpreter start): a worker's executors
+start it with that environment, so only a job run by hand pays for a second start. A result
 document is always written, also when the spec is invalid or training raises.
 SIGTERM asks the job to stop at the end of the current epoch: it checkpoints that epoch
 and writes an `interrupted` result (a second SIGTERM ends it at once).
@@ -78,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
         help="finish after epoch E: with --resume and --trace-every-steps, re-traces one stretch",
     )
     p.add_argument(
+        "--until-step",
+        type=int,
+        metavar="S",
+        help="finish after global step S, mid-epoch: with --resume, replays one stretch",
+    )
+    p.add_argument(
         "--dataset-file",
         type=Path,
         metavar="F",
@@ -103,16 +110,9 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: ${EXPORT_MODEL_ENV}, if set)",
     )
     p.add_argument(
-        "--steps-per-call",
-        type=int,
-        metavar="N",
-        help="run up to N steps per compiled call (default 1; pays off for long epochs of "
-        "small models: the N unrolled steps are compiled once per job)",
-    )
-    p.add_argument(
         "--classic-loop",
         action="store_true",
-        help="one step per call, a dataset per epoch and TensorFlow reseeded every epoch, "
+        help="a dataset per epoch and TensorFlow reseeded every epoch, "
         "as jobs once ran: slower, bitwise the same",
     )
     p.add_argument(
@@ -387,6 +387,7 @@ def _record_outcome(
     result.interrupted_after_epoch = interrupted
     until_epoch = options.until_epoch
     result.until_epoch = until_epoch if until_epoch and until_epoch < spec.training.epochs else None
+    result.until_step = outcome.stopped_at_step
     result.warnings = outcome.warnings
     result.timings = {"startup": round(startup, 6), **outcome.timings}
 
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             args.export_model = Path(os.environ[EXPORT_MODEL_ENV])
         if args.export_model is not None and args.export_model.suffix != ".keras":
             raise SpecError(f"--export-model must end in .keras, got {args.export_model.name}")
-        for option in ("trace_every_steps", "until_epoch", "stop_after_epoch", "steps_per_call"):
+        for option in ("trace_every_steps", "until_epoch", "until_step", "stop_after_epoch"):
             value = getattr(args, option)
             if value is not None and value < 1:
                 raise SpecError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
@@ -427,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             max_model_parameters=args.max_model_parameters,
             trace_every_steps=args.trace_every_steps,
             until_epoch=args.until_epoch,
+            until_step=args.until_step,
             allow_logical_devices=not args.no_logical_devices,
-            steps_per_call=args.steps_per_call,
             classic=args.classic_loop,
         )
         result = run_job(

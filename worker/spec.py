@@ -54,6 +54,9 @@ Threads = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_THREADS)
 # Replicas become devices (GPUs, or logical CPU devices) on one worker.
 MAX_REPLICAS = 64
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+# Steps per compiled call are capped by the epoch and its boundaries; beyond that a bound
+# only keeps the number sane (it allocates nothing).
+MAX_STEPS_PER_EXECUTION = 1_000_000
 
 
 def _json_params(value: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +135,12 @@ class TrainingSpec(_Strict):
     checkpoint_every_epochs: PosInt = 1
     # None: checkpoints at epoch ends only; K: also one every K global steps (resume mid-epoch).
     checkpoint_every_steps: PosInt | None = None
+    # Optimizer steps per compiled call, in a loop (Keras's `steps_per_execution`); a call
+    # never crosses a trace point, checkpoint or epoch end. N > 1 may change the bits
+    # against N = 1 (the loop body is optimised differently), so it is part of the hash.
+    steps_per_execution: Annotated[
+        int, BeforeValidator(_integral), Field(ge=1, le=MAX_STEPS_PER_EXECUTION)
+    ] = 1
 
 
 class DeterminismSpec(_Strict):
@@ -140,6 +149,10 @@ class DeterminismSpec(_Strict):
     inter_op_threads: Threads | None = None
     # Set before the job's interpreter starts; worker.run re-executes itself to apply it.
     python_hash_seed: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=4_294_967_295)] = 0
+    # TensorFloat-32 for float32 matmuls and convolutions on Ampere and newer GPUs: null keeps
+    # TensorFlow's default (recorded as what it resolved to). Inputs rounded to 10 mantissa
+    # bits stay deterministic on one GPU model but differ between models.
+    tf32: bool | None = None
 
 
 class DistributionSpec(_Strict):
@@ -218,6 +231,8 @@ _LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("distribution",), {"replicas": 1}),
     (("code",), None),
     (("model", "definition"), None),
+    (("determinism", "tf32"), None),
+    (("training", "steps_per_execution"), 1),
 )
 
 

@@ -21,6 +21,7 @@ from service.api.routes import (
     model_definitions,
     run_artifacts,
     runs,
+    spot_checks,
     workers,
 )
 from service.errors import ServiceError, ServiceUnavailable
@@ -41,6 +42,7 @@ api_router.include_router(datasets.router)
 api_router.include_router(code.router)
 api_router.include_router(model_definitions.router)
 api_router.include_router(run_artifacts.router)
+api_router.include_router(spot_checks.router)
 
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:

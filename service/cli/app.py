@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from service.cli import admin, code, datasets, local, models, remote, server
+from service.cli import (
+    admin,
+    code,
+    datasets,
+    doctor,
+    local,
+    models,
+    remote,
+    server,
+    spot_checks,
+)
 from service.cli.output import Group
 
 app = typer.Typer(
@@ -13,5 +23,5 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Reproducible training: submit, rerun and verify experiments.",
 )
-for module in (local, remote, server, admin, datasets, code, models):
+for module in (local, remote, server, admin, datasets, code, models, spot_checks, doctor):
     module.register(app)

@@ -128,11 +128,25 @@ XLA_CHANGES_DATA = (
 )
 
 
+STEPS_PER_EXECUTION_CHANGES_BITS = (
+    "training.steps_per_execution is {n}: the steps run in a compiled loop, whose body "
+    "TensorFlow optimises differently from a single step's, so the weights may differ in the "
+    "last bits from the same spec with steps_per_execution 1. Reruns of this spec stay "
+    "bitwise identical (the spec hash includes it); comparing it with a run of 1 step per "
+    "call may report rounding differences."
+)
+
+
 def spec_warnings(spec: ExperimentSpec) -> list[str]:
     """What a valid spec does that its author may not expect."""
     from worker.spec import held_out_warnings
 
-    return [*([XLA_CHANGES_DATA] if spec.dataset.xla else []), *held_out_warnings(spec)]
+    n = spec.training.steps_per_execution
+    return [
+        *([XLA_CHANGES_DATA] if spec.dataset.xla else []),
+        *([STEPS_PER_EXECUTION_CHANGES_BITS.format(n=n)] if n > 1 else []),
+        *held_out_warnings(spec),
+    ]
 
 
 def _run_with_progress(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -176,13 +177,18 @@ def _bootstrap_tokens(settings: Settings, *, with_worker: bool) -> tuple[str | N
         engine.dispose()
 
 
-def _prepare_database(*, settings: Settings) -> bool:
-    """Whether this is the first start, once the data directory and database are ready."""
+def _prepare_database(*, settings: Settings, migrate: bool) -> bool:
+    """Whether this is the first start, once the data directory and database are ready; exit 2
+    if the database was left to be migrated by someone else and is not at the head."""
     from service.persistence.file_modes import private_dir
-    from service.persistence.migrate import upgrade
+    from service.persistence.migrate import schema_behind, upgrade
 
     private_dir(settings.data_dir)  # database, artifacts and tokens: owner-only
-    upgrade(settings.resolved_database_url)
+    if migrate:
+        upgrade(settings.resolved_database_url)
+    elif (behind := schema_behind(settings.resolved_database_url)) is not None:
+        err.print(f"[red]not migrated:[/red] {behind}; run `repro db upgrade` first")
+        raise typer.Exit(2)
     return _is_first_start(settings)
 
 
@@ -215,7 +221,9 @@ def _start_api(
     return server, server_thread
 
 
-def _announce(*, app: FastAPI, api: str, settings: Settings, admin_token: str | None) -> None:
+def _announce(
+    *, app: FastAPI, api: str, settings: Settings, admin_token: str | None, login_link: bool
+) -> None:
     """Tell the operator where the API is and how to log in."""
     from service.auth.bootstrap import ADMIN_TOKEN_FILE
 
@@ -223,6 +231,9 @@ def _announce(*, app: FastAPI, api: str, settings: Settings, admin_token: str | 
     if admin_token:
         where = settings.data_dir / ADMIN_TOKEN_FILE  # never print any of the secret itself
         err.print(f"log in at {api}/docs (Authorize) with the admin token in {where}")
+        if not login_link:
+            err.print("dashboard: no login link (not a terminal; --print-login-link prints one)")
+            return
         from service.dashboard import issue_login_url
 
         # One use, 15 minutes: the link stands for the admin token without showing it.
@@ -279,6 +290,22 @@ def serve(
     demo: Annotated[
         bool, typer.Option(help="on first start, submit the example and its rerun")
     ] = True,
+    migrate: Annotated[
+        bool,
+        typer.Option(
+            help="migrate the database first (one migrator at a time); --no-migrate: leave "
+            "it to `repro db upgrade` and refuse to start on a database not at the head"
+        ),
+    ] = True,
+    print_login_link: Annotated[
+        bool | None,
+        typer.Option(
+            "--print-login-link/--no-print-login-link",
+            help="print a one-time admin login link for the dashboard (default: only when "
+            "stderr is a terminal, so never into a log collector)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the API (migrating the database first); Ctrl-C stops it gracefully."""
     from service.app import create_app
@@ -288,12 +315,14 @@ def serve(
     _configure_logging()
     registry.import_no_plugins()  # the API never imports TensorFlow, which plugins do
     settings = _settings(data_dir, database_url, host=host, port=port)
-    first_start = _prepare_database(settings=settings)
+    first_start = _prepare_database(settings=settings, migrate=migrate)
     admin_token, worker_token = _bootstrap_tokens(settings, with_worker=with_worker)
     app = create_app(settings)
     server, server_thread = _start_api(app=app, settings=settings, host=host, port=port)
     api = f"http://{host}:{port}"
-    _announce(app=app, api=api, settings=settings, admin_token=admin_token)
+    # The link logs in as admin: a log collector (pod or compose logs) must never get one.
+    login_link = sys.stderr.isatty() if print_login_link is None else print_login_link
+    _announce(app=app, api=api, settings=settings, admin_token=admin_token, login_link=login_link)
     local_worker = None
     if with_worker:
         local_worker = _start_local_worker(api=api, token=worker_token, settings=settings)
@@ -357,6 +386,21 @@ def worker(
             help="process: also run code bundles, as this agent's user (docker always does)",
         ),
     ] = False,
+    readiness_checks: Annotated[
+        bool,
+        typer.Option(
+            "--readiness-checks/--no-readiness-checks",
+            help="run `repro doctor`'s checks where jobs run and report their flags",
+        ),
+    ] = True,
+    warm_start: Annotated[
+        bool,
+        typer.Option(
+            "--warm-start/--no-warm-start",
+            help="process: while idle, start the next job's interpreter (TensorFlow imported) "
+            "so a claimed job starts training sooner (docker always starts cold)",
+        ),
+    ] = True,
 ) -> None:
     """Run a worker agent: claim runs, train each in a fresh process or container, report."""
     from worker.node.agent import WorkDirBusy, run_agent
@@ -374,6 +418,8 @@ def worker(
     )
     if trust_code and executor is WorkerExecutor.process:
         executor_options["trust_code"] = True
+    if executor is WorkerExecutor.process:
+        executor_options["warm_start"] = warm_start
     try:
         run_agent(
             api,
@@ -387,6 +433,7 @@ def worker(
             max_jobs=max_jobs,
             images=images,
             cpu_replicas=cpu_replicas,
+            readiness_checks=readiness_checks,
         )
     except (ExecutorUnavailable, WorkDirBusy) as exc:
         err.print(f"[red]cannot start the worker:[/red] {exc}")

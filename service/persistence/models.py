@@ -110,6 +110,9 @@ class Worker(Base):
     devices: Mapped[int] = mapped_column(default=1, server_default="1")
     # The worker runs code bundles (a sandboxed executor, or an operator's explicit opt-in).
     accepts_code: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # What the reproducibility checks flagged when the worker started ([{"check", "message"}]);
+    # None when its agent did not run them.
+    readiness_flags: Mapped[list[Any] | None]
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -163,6 +166,10 @@ class Run(Base):
     resumed_from_step: Mapped[int | None]
     # The spec names a code bundle: only a worker that accepts code may claim the run.
     needs_code: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # The newest spot check's outcome ("pending", "verified", "failed"), for the runs list.
+    spot_check: Mapped[str | None] = mapped_column(String(20))
+    # A replay of a segment of a run avoids the worker that trained it while another can.
+    avoid_worker: Mapped[str | None] = mapped_column(String(200))
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(
@@ -233,6 +240,26 @@ class Refinement(Base):
     refine_b_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SpotCheck(Base):
+    """K segments of a finished run replayed from its kept checkpoints, compared bit for bit."""
+
+    __tablename__ = "spot_checks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("runs.id", name="fk_spot_checks_run_id"), index=True
+    )
+    seed: Mapped[int] = mapped_column(BigInteger)  # chose the segments: the choice reproduces
+    requested: Mapped[int]  # K, as asked
+    # [{"index", "from_epoch", "to_epoch", "run_id"}]: the chosen segments and their replays.
+    segments: Mapped[list[Any]]
+    status: Mapped[str] = mapped_column(String(20))  # pending, verified, failed, error
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    requested_by: Mapped[str | None] = mapped_column(String(200))  # a token's name; None: policy
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
 
 
 class ComparisonRecord(Base):

@@ -19,6 +19,9 @@ _WHY: dict[str, str] = {
     "dataset.xla": "XLA fuses and reorders the data generator's floating-point operations",
     "determinism.intra_op_threads": "ops split their work into other partial sums",
     "determinism.inter_op_threads": "independent ops are scheduled differently",
+    "determinism.tf32": "TF32 rounds float32 matmul and convolution inputs to 10 mantissa bits",
+    "training.steps_per_execution": "the steps run in a compiled loop, whose body TensorFlow "
+    "may optimise differently from a single step's",
     "dataset.num_parallel_calls": "only the scheduling of batch generation changes",
     "seed": "another seed draws other initial weights and data",
 }

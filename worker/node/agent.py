@@ -21,6 +21,8 @@ from typing import Any
 from worker.node.client import ApiClient, ApiError, ApiUnreachable, Id
 from worker.node.executors import Executor, make_executor
 from worker.node.job import ClaimedRun, Job
+from worker.node.liveness import mark_alive
+from worker.node.readiness_probe import agent_flags
 from worker.node.reports import MAX_BACKOFF, Courier, Outbox
 from worker.record.gpu_info import gpu_devices
 
@@ -48,8 +50,10 @@ class Agent:
         images: Sequence[str] = (),
         max_jobs: int | None = None,
         cpu_replicas: int | None = None,
+        readiness_checks: bool = True,
     ) -> None:
         self.client = client
+        self.readiness_checks = readiness_checks
         self.name = name
         self.work_dir = Path(work_dir)
         self.executor = executor or make_executor("process")
@@ -104,38 +108,78 @@ class Agent:
             self.executor.reap_orphans()
             if not self._register():
                 return
+            if self.readiness_checks:
+                # Beside claiming: the checks import TensorFlow, which takes seconds.
+                threading.Thread(
+                    target=self._report_readiness, name="readiness", daemon=True
+                ).start()
             # Before claiming: a claim may requeue runs whose lease ran out, ours among them.
             self.courier.deliver_pending()
-            done = 0
-            while not self._stop.is_set() and (self.max_jobs is None or done < self.max_jobs):
-                asked = time.monotonic()
-                claim = self._claim()
-                if claim is None:
-                    # A server that held the claim has waited already; one that answered at
-                    # once (no long polls, or an error) is asked again after the poll interval.
-                    if time.monotonic() - asked < self.claim_wait / 2:
-                        self._stop.wait(self.poll_interval)
-                    continue
-                self._process(claim)
-                done += 1
+            try:
+                done = self._claim_loop()
+            finally:  # the next job's interpreter goes with the agent
+                self._executor_call("discard_warm")
             log.info("worker %s stopping after %d job(s)", self.worker_id, done)
 
-    def _register(self) -> bool:
+    def _claim_loop(self) -> int:
+        done = 0
+        while not self._stop.is_set() and (self.max_jobs is None or done < self.max_jobs):
+            mark_alive(self.work_dir)
+            # While idle, the next job's interpreter starts (process executor, warm starts).
+            self._executor_call("prepare")
+            asked = time.monotonic()
+            claim = self._claim()
+            if claim is None:
+                # A server that held the claim has waited already; one that answered at
+                # once (no long polls, or an error) is asked again after the poll interval.
+                if time.monotonic() - asked < self.claim_wait / 2:
+                    self._stop.wait(self.poll_interval)
+                continue
+            self._process(claim)
+            done += 1
+        return done
+
+    def _executor_call(self, name: str) -> None:
+        # Optional executor hooks: only the process executor keeps a warm interpreter.
+        hook = getattr(self.executor, name, None)
+        if hook is None:
+            return
+        try:
+            hook()
+        except OSError as exc:  # e.g. out of processes: the next job starts cold
+            log.warning("executor %s failed: %s", name, exc)
+
+    def _registration(self) -> dict[str, Any]:
         gpus = gpu_devices()
-        images = list(dict.fromkeys([*self.executor.advertised_images(), *self.images]))
+        return {
+            "executors": [self.executor.kind],
+            "images": list(dict.fromkeys([*self.executor.advertised_images(), *self.images])),
+            "gpu": gpus[0].get("name") if gpus else None,
+            "hostname": socket.gethostname(),
+            "gpus": len(gpus),
+            "cpu_devices": None if gpus else self.cpu_replicas,
+            "accepts_code": bool(getattr(self.executor, "accepts_code", False)),
+        }
+
+    def _report_readiness(self) -> None:
+        """Run the reproducibility checks where jobs run and register again with their flags
+        (a registration refreshes the same worker), so `GET /workers` shows them."""
+        flags = agent_flags(self.executor)
+        if flags is None or self._stop.is_set():
+            return
+        try:
+            self.client.register(self.name, **self._registration(), readiness_flags=flags)
+        except (ApiError, ApiUnreachable) as exc:
+            log.warning("could not report the reproducibility checks' flags (%s)", exc)
+            return
+        log.info("reported %d reproducibility flag(s)", len(flags))
+
+    def _register(self) -> bool:
+        registration = self._registration()
         delay = self.poll_interval
         while not self._stop.is_set():
             try:
-                info = self.client.register(
-                    self.name,
-                    executors=[self.executor.kind],
-                    images=images,
-                    gpu=gpus[0].get("name") if gpus else None,
-                    hostname=socket.gethostname(),
-                    gpus=len(gpus),
-                    cpu_devices=None if gpus else self.cpu_replicas,
-                    accepts_code=bool(getattr(self.executor, "accepts_code", False)),
-                )
+                info = self.client.register(self.name, **registration)
             except ApiError as exc:
                 if not exc.retryable:
                     raise
@@ -289,6 +333,7 @@ def run_agent(
     images: list[str] | None = None,
     install_signals: bool = True,
     cpu_replicas: int | None = None,
+    readiness_checks: bool = True,
 ) -> None:
     """Run a worker agent against the API at `api` until it is stopped."""
     with ApiClient(api, token) as client, contextlib.ExitStack() as stack:
@@ -314,6 +359,7 @@ def run_agent(
             images=images or [],
             max_jobs=max_jobs,
             cpu_replicas=cpu_replicas,
+            readiness_checks=readiness_checks,
         )
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,6 +31,7 @@ from worker.node.job_files import (
     checkpoint_uploads,
     describe_exit,
 )
+from worker.node.liveness import mark_alive
 from worker.node.reports import Outbox, Report, ReportKind
 from worker.record.environment_capture import claim_environment
 from worker.result import read_result
@@ -146,14 +147,15 @@ class ClaimedRun:
             max_model_parameters=(self.claim.get("limits") or {}).get("max_model_parameters"),
             trace_every_steps=options.get("trace_every_steps"),
             until_epoch=options.get("until_epoch"),
+            until_step=options.get("until_step"),
             image=run.get("image"),
             environment=claim_environment(self.claim.get("provenance") or {}),
             dataset_file=dataset_file,
             code_file=code_file,
             model_file=model_file,
-            # A re-trace of part of a run (until_epoch) ends mid-run: no model to take away.
+            # A re-trace or replay of part of a run ends mid-run: no model to take away.
             export_model=None
-            if options.get("until_epoch") is not None
+            if options.get("until_epoch") is not None or options.get("until_step") is not None
             else attempt_dir / MODEL_FILE,
         )
         started = time.monotonic()
@@ -264,6 +266,7 @@ class ClaimedRun:
         due = time.monotonic() + self.heartbeat_seconds
         sent_progress: dict[str, Any] | None = None
         while not job.reported.wait(PROGRESS_SECONDS) and not job.abandoned.is_set():
+            mark_alive(self.work_dir)  # a long job is progress too (the liveness probe)
             progress = job.progress
             if time.monotonic() < due and progress is sent_progress:
                 continue

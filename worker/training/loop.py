@@ -20,14 +20,14 @@ from worker.record.fingerprint import StreamDigest, fingerprint_state
 from worker.record.step_checkpoints import epoch_dataset, resume_within_epoch, save_step_checkpoint
 from worker.record.trace import TracePoint
 from worker.spec import ExperimentSpec
-from worker.training import determinism
+from worker.training import determinism, preflight
 from worker.training.job import Job
 from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
 from worker.training.replicas import place_replicas
 from worker.training.seeds import SeedTuple
 from worker.training.step_loop import batches as _batches
-from worker.training.step_loop import call_size, epoch_steps
+from worker.training.step_loop import epoch_steps, is_xy_pair
 
 
 @dataclass
@@ -43,6 +43,7 @@ class TrainingOutcome:
     resumed_from_epoch: int | None = None
     resumed_from_step: int | None = None  # global step of the checkpoint resumed from
     interrupted_after_epoch: int | None = None  # set when a stop request ended training early
+    stopped_at_step: int | None = None  # set when training ended mid-epoch at `until_step`
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     model: keras.Model | None = None  # the trained model, e.g. to export it
@@ -124,6 +125,9 @@ def _set_up(
         placement=placement,
         model_definition=model_definition,
     )
+    if spec.determinism.op_determinism:
+        # An op without a deterministic kernel fails here, named, not in the first epoch.
+        preflight.check_steps(job)
     return job, record
 
 
@@ -181,6 +185,11 @@ class _Training:
         tr = spec.training
         self.every = options.trace_every_steps or tr.fingerprint_every_steps
         self.last_epoch = min(tr.epochs, options.until_epoch or tr.epochs)
+        self.until_step = options.until_step
+        if self.until_step is not None:  # the epoch it falls in is the last one begun
+            self.last_epoch = min(
+                self.last_epoch, -(-self.until_step // spec.dataset.train_batches)
+            )
         self.callbacks = list(getattr(job.model, "training_callbacks", None) or [])
         for callback in self.callbacks:
             callback.set_model(job.model)
@@ -196,6 +205,13 @@ class _Training:
         self.in_loop_data = bool(job.data.stateful_random_ops)
         self.consumed: list[dict[str, Any]] = []
         self.reseed_tf = self._reseed_policy()
+        self.steps_per_call = self._steps_per_call_policy()
+        # One step per call sees every batch in Python: its data fingerprint is taken as it
+        # is consumed (the same values regenerating the epoch gives), not by generating every
+        # epoch again after training. Calls of several steps leave that to `finish`.
+        self.digest_consumed = self.in_loop_data or (
+            self.steps_per_call == 1 and is_xy_pair(job.data.as_dataset().element_spec)
+        )
 
     def _reseed_policy(self) -> bool:
         """Whether each epoch reseeds TensorFlow (recorded, with a warning for compiled RNG)."""
@@ -271,6 +287,9 @@ class _Training:
         for epoch in range(self.first_epoch, self.last_epoch + 1):
             t_epoch = time.monotonic()
             self._train_epoch(epoch, pipelines)
+            if self._stopped_mid_epoch(epoch):
+                self.timings["training"] += time.monotonic() - t_epoch
+                break
             row = self._epoch_row(epoch, pipelines)
             stopping = self._end_epoch(epoch, row, t_epoch)
             self.timings["training"] += time.monotonic() - t_epoch
@@ -297,35 +316,69 @@ class _Training:
                     "(training resumed mid-epoch on data that cannot be regenerated)"
                 )
         self.reporter.emit("epoch_start", epoch=epoch, epochs=self.spec.training.epochs)
-        data_digest = StreamDigest() if self.in_loop_data else None
+        data_digest = StreamDigest() if self.digest_consumed else None
         iterator = pipelines.train(epoch, start)
         for batch_in_epoch, global_step, loss in epoch_steps(
             iterator=iterator,
             generator=job.data.name,
             single=job.train_step,
-            multi=None if (self.callbacks or self.in_loop_data) else job.multi_step,
+            looped=job.looped_steps if self.steps_per_call > 1 else None,
             first_batch=start,
             num_batches=self.steps_per_epoch,
             step=self.step,
             steps_to_boundary=self._steps_to_boundary,
-            steps_per_call=self._steps_per_call(),
+            steps_per_call=self.steps_per_call,
             digest=data_digest,
         ):
             self.step = global_step
             self._after_call(epoch, batch_in_epoch, loss)
-        if data_digest is not None:
+            if self.until_step is not None and self.step >= self.until_step:
+                break
+        # A stateless epoch resumed or stopped mid-way is fingerprinted whole by `finish`.
+        whole = self.step == epoch * self.steps_per_epoch
+        if data_digest is not None and (self.in_loop_data or (start == 0 and whole)):
             self.consumed.append({"epoch": epoch, "fingerprint": data_digest.hexdigest()})
 
-    def _steps_per_call(self) -> int:
-        if self.options.classic:
+    def _stopped_mid_epoch(self, epoch: int) -> bool:
+        """Whether training stopped at `until_step` inside `epoch`; then its trace ends with
+        a point at that step and, with a checkpoint directory, a checkpoint there."""
+        if self.until_step is None or self.step != self.until_step:
+            return False
+        if self.step == epoch * self.steps_per_epoch:
+            return False  # the epoch's end: it ends as any epoch does
+        if self.out.trace[-1].step != self.step:
+            self.out.trace.append(self.job.point("step", epoch, self.step))
+        named = f"step-{self.step:09d}.json"
+        if self.checkpoint_dir is not None and named not in self.out.checkpoints:
+            self._step_checkpoint(
+                self.checkpoint_dir, epoch, self.step - (epoch - 1) * self.steps_per_epoch
+            )
+        self.out.stopped_at_step = self.step
+        return True
+
+    def _steps_per_call_policy(self) -> int:
+        """The spec's steps per call, or 1 (with a warning) where steps need Python between them."""
+        n = self.spec.training.steps_per_execution
+        why = (
+            "the model's training callbacks run after every step"
+            if self.callbacks
+            else "the data is fingerprinted batch by batch as it is consumed"
+            if self.in_loop_data
+            else None
+        )
+        if n > 1 and why is not None:
+            self.out.warnings.append(
+                f"training.steps_per_execution {n} ran as 1 step per call: {why}"
+            )
             return 1
-        periods = [self.every, self.step_every, self.steps_per_epoch]
-        return call_size(periods, self.options.steps_per_call or 1)
+        return n
 
     def _steps_to_boundary(self, step: int) -> int:
         """Steps until the next trace point or step checkpoint (a call stops there)."""
+        until = [self.until_step - step] if self.until_step and self.until_step > step else []
         return min(
-            [n - step % n for n in (self.every, self.step_every) if n] or [self.steps_per_epoch]
+            [n - step % n for n in (self.every, self.step_every) if n] + until
+            or [self.steps_per_epoch]
         )
 
     def _after_call(self, epoch: int, batch_in_epoch: int, loss: Any) -> None:
@@ -426,19 +479,24 @@ class _Training:
         self.timings["checkpointing"] += time.monotonic() - t_ck
         self.reporter.emit("checkpoint", epoch=epoch, step=self.step, path=name)
 
+    def _data_fingerprints(self) -> list[dict[str, Any]]:
+        """Each trained epoch's data fingerprint: as consumed, or by regenerating the epochs
+        whose batches training did not see whole (calls of several steps, a resume)."""
+        last = self.out.interrupted_after_epoch or self.last_epoch
+        known = {c["epoch"]: c["fingerprint"] for c in self.consumed}
+        missing = [e for e in range(1, last + 1) if e not in known]
+        if missing:
+            first = min(missing)
+            fingerprints = self.job.data.epochs_data_fingerprints(first, max(missing))
+            known.update((e, fp) for e, fp in enumerate(fingerprints, start=first) if e in missing)
+        return [{"epoch": e, "fingerprint": known[e]} for e in range(1, last + 1)]
+
     def finish(self) -> TrainingOutcome:
         """Fingerprint the data trained and evaluated on and hand over the outcome."""
         out, job = self.out, self.job
-        # Data fingerprints regenerate each epoch's batches: cheap, and off the hot loop.
+        # Data fingerprints: as consumed, else regenerated from one pipeline after training.
         t_data = time.monotonic()
-        out.data_fingerprints = (
-            self.consumed
-            if self.in_loop_data
-            else [
-                {"epoch": e, "fingerprint": job.data.for_epoch(e).data_fingerprint()}
-                for e in range(1, (out.interrupted_after_epoch or self.last_epoch) + 1)
-            ]
-        )
+        out.data_fingerprints = self.consumed if self.in_loop_data else self._data_fingerprints()
         if job.eval_data is not None:
             out.eval_data_fingerprint = job.eval_data.data_fingerprint()
         self.timings["data_fingerprints"] = time.monotonic() - t_data

@@ -34,13 +34,11 @@ class TrainingOptions:
     max_model_parameters: int | None = None
     trace_every_steps: int | None = None
     until_epoch: int | None = None
+    # Ends training after this global step, mid-epoch (a spot check's replay of the stretch
+    # between two step checkpoints): its last trace point and checkpoint are at that step.
+    until_step: int | None = None
     # Whether a GPU-less process may split its CPU into logical devices for replicas.
     allow_logical_devices: bool = True
-    # Up to this many steps (default 1) run per compiled call, never across a trace point,
-    # step checkpoint or epoch end (one per call when the model has callbacks or the data
-    # must be fingerprinted as it is consumed).
-    steps_per_call: int | None = None
-    # The loop as it was before several steps per call: one step per call, a dataset per
-    # epoch and TensorFlow reseeded every epoch, whatever the steps draw (slower; the same
-    # bits, which a test checks).
+    # The loop as it once was: a dataset per epoch and TensorFlow reseeded every epoch,
+    # whatever the steps draw (slower; the same bits, which a test checks).
     classic: bool = False

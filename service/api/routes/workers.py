@@ -38,6 +38,7 @@ from service.runs.claim_waits import ClaimWaits
 from service.schemas import MAX_ID, ArtifactOut, RunOut
 from service.storage import artifacts
 from service.verification import result_checks as verification
+from service.verification import spot_checks
 from service.worker_schemas import (
     CheckpointFile,
     CheckpointOut,
@@ -84,7 +85,11 @@ def register(
         gpus=body.gpus,
         cpu_devices=body.cpu_devices,
         accepts_code=body.accepts_code,
+        readiness_flags=(
+            None if body.readiness_flags is None else [f.model_dump() for f in body.readiness_flags]
+        ),
         max_images=settings.max_worker_images,
+        max_flags=settings.max_worker_flags,
         max_names=settings.max_workers_per_token,
     )
     return RegisterOut(
@@ -124,7 +129,11 @@ def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
             ],
         ),
         limits={"max_model_parameters": settings.max_model_parameters},
-        job={k: int(options[k]) for k in ("trace_every_steps", "until_epoch") if k in options},
+        job={
+            k: int(options[k])
+            for k in ("trace_every_steps", "until_epoch", "until_step")
+            if k in options
+        },
         provenance=claim_provenance(settings),
     )
 
@@ -245,8 +254,10 @@ def complete(
 ) -> RunOut:
     """Report a held run's result document (a retried report is not written twice).
 
-    The server recomputes the final fingerprint from the uploaded final checkpoint: a
-    mismatch, or no final checkpoint, records the run as failed with the reason; a final
+    The server recomputes the final fingerprint from the uploaded final checkpoint and
+    checks the variables it holds: a mismatch (`FingerprintMismatch`,
+    `CheckpointStructureMismatch`), or no final checkpoint, records the run as failed
+    with the reason; a final
     checkpoint beyond the checkpoint bounds fails the run and is answered 422."""
     queue.check_worker(db, body.worker_id, principal)
     done = queue.reported_run(db, run_id, body.worker_id, body.result)
@@ -267,20 +278,23 @@ def complete(
         allowed_images=settings.worker_images,
         max_checkpoint_bytes=settings.max_checkpoint_bytes,
         max_sortable_metrics=settings.max_sortable_metrics,
+        keep_step_checkpoints=settings.keep_checkpoints != "final",
     )
+    spot_checks.after_finish(db, run, settings)
     if check.outcome == "refused":
         raise CheckpointRefused(f"run {run_id} failed: {check.message}")
     return run_out(db, run)
 
 
 @router.post("/runs/{run_id}/fail", response_model=RunOut, responses=_REPORT_ERRORS)
-def fail(run_id: IdPath, body: FailIn, db: SessionDep, principal: WorkAccess) -> RunOut:
+def fail(
+    run_id: IdPath, body: FailIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+) -> RunOut:
     """Report that a held run failed outside training (e.g. the job process crashed)."""
     queue.check_worker(db, body.worker_id, principal)
-    return run_out(
-        db,
-        queue.fail(db=db, run_id=run_id, worker_id=body.worker_id, error=body.error.model_dump()),
-    )
+    run = queue.fail(db=db, run_id=run_id, worker_id=body.worker_id, error=body.error.model_dump())
+    spot_checks.after_finish(db, run, settings)
+    return run_out(db, run)
 
 
 @router.post("/runs/{run_id}/release", response_model=RunOut, responses=_REPORT_ERRORS)
@@ -354,7 +368,12 @@ async def upload_artifact(
         staged.unlink(missing_ok=True)  # moved into place, or refused
     out = ArtifactOut.model_validate(art)
     if kind == "checkpoint":
-        resume_points.prune_step_checkpoints(db, run)  # superseded: resumes use the newest
+        # Superseded for resuming; a training keeps them for spot checks unless the policy
+        # keeps only its final checkpoint, thinned to stay within the run's upload bounds.
+        keep = run.kind == "train" and settings.keep_checkpoints != "final"
+        resume_points.prune_step_checkpoints(db, run, keep_complete=keep)
+        if keep:
+            resume_points.thin_step_checkpoints(db, run, bounds)
     return out
 
 

@@ -26,6 +26,8 @@ class JobRequest:
     image: str | None  # the image the run pins (None: any)
     # Added to the job's environment: the provenance key and numerics list from the claim.
     environment: Mapping[str, str] = field(default_factory=dict)
+    # Stop after this global step, mid-epoch (a spot check's replay); None: no such stop.
+    until_step: int | None = None
     # The run's dataset, verified in the node's cache (read-only; the job checks it again).
     dataset_file: Path | None = None
     # Where the job writes the final model (`.keras`) when it succeeds.

@@ -1,13 +1,17 @@
 """The process executor: one job, one fresh `python -m worker.run` subprocess.
 
 On Kubernetes the worker pod's image is itself the pinned environment, so a job is a child
-of the agent in the same environment. TensorFlow-free.
+of the agent in the same environment. The job starts with the environment its spec's
+determinism needs (so it never re-executes itself), and, with warm starts on, in an
+interpreter the agent started while idle when that environment is the one it was started
+with (worker/node/warm_start.py). TensorFlow-free.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -17,12 +21,17 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from worker.errors import SpecError
 from worker.node.executors.base import JobRequest, export_environment
+from worker.node.warm_start import WarmInterpreter, startup_part
 from worker.result import JobResult, read_result
+from worker.spec import DeterminismSpec, load_spec
+from worker.training.determinism import required_environment
 from worker.training.progress import parse_line
 
 EventHandler = Callable[[dict[str, Any]], None]
 _PR_SET_PDEATHSIG = 1
+log = logging.getLogger("reprotrain.agent")
 
 
 def pdeathsig_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
@@ -48,6 +57,24 @@ def pdeathsig_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return preexec
 
 
+_PR_SET_DUMPABLE = 4
+_ENV_END_FIELD = 51  # of /proc/<pid>/stat, counted from 1
+
+
+def hide_agent_memory() -> None:
+    """Make this process non-dumpable (Linux): a job, which runs as the same user, can then
+    read neither its memory nor the environment it was started with (/proc/<agent>/environ
+    holds REPRO_TOKEN whatever the job's own environment is). A job's exec makes the job
+    itself dumpable again."""
+    if not sys.platform.startswith("linux"):
+        return
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    if prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+
+
 # A job runs model and generator code the agent does not vouch for, so it sees none of the
 # agent's credentials: its worker token, and whatever else the operator's environment holds
 # (service settings when the agent runs beside the API, cloud keys, an ssh agent's socket).
@@ -65,6 +92,45 @@ def is_credential(name: str, value: str) -> bool:
     return any(m in upper for m in _CREDENTIAL_MARKERS) or bool(_URL_PASSWORD.search(value))
 
 
+def _startup_environment_block() -> tuple[int, int] | None:
+    """Where the environment this process was started with lies in its memory (Linux)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name, which may hold spaces: env_start and env_end are the
+    # 50th and 51st of the whole line.
+    fields = stat.rsplit(")", 1)[1].split()
+    if len(fields) < _ENV_END_FIELD - 2:
+        return None
+    start, end = int(fields[_ENV_END_FIELD - 4]), int(fields[_ENV_END_FIELD - 3])
+    return (start, end) if 0 < start < end else None
+
+
+def hide_startup_credentials() -> None:
+    """Blank the credentials in the environment block this process was started with.
+
+    /proc/<pid>/environ shows that block, and a process of the same user may read it even
+    when this one is not dumpable; the agent's own copies (os.environ, and the C library's,
+    which is re-set here so child processes started without an explicit environment keep
+    them) are untouched.
+    """
+    block = _startup_environment_block()
+    if block is None:
+        return
+    start, end = block
+    raw = ctypes.string_at(start, end - start)
+    offset = 0
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        text_name, text_value = name.decode(errors="replace"), value.decode(errors="replace")
+        if sep and value and is_credential(text_name, text_value):
+            if text_name in os.environ:
+                os.putenv(text_name, os.environ[text_name])  # a copy of its own for libc
+            ctypes.memset(start + offset + len(name) + 1, 0, len(value))
+        offset += len(entry) + 1
+
+
 def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a job: the agent's without credentials, quieter TensorFlow, no stale
     re-exec marker. The claim's provenance key is added after this, by the caller."""
@@ -73,6 +139,14 @@ def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     env.pop("REPRO_JOB_REEXEC", None)  # worker.run's marker: it would suppress the job's re-exec
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
+
+
+def told_images(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The identities of the image the agent runs in, as set in its environment: the image ID
+    (what the docker executor pins) and the registry digest (what Kubernetes pulls by)."""
+    source = os.environ if environ is None else environ
+    told = [source.get(name, "").strip() for name in ("REPRO_IMAGE_ID", "REPRO_IMAGE_DIGEST")]
+    return list(dict.fromkeys(name for name in told if name))
 
 
 def job_command(
@@ -84,6 +158,7 @@ def job_command(
     max_model_parameters: int | None = None,
     trace_every_steps: int | None = None,
     until_epoch: int | None = None,
+    until_step: int | None = None,
     dataset_file: Path | None = None,
     export_model: Path | None = None,
     code_file: Path | None = None,
@@ -103,6 +178,8 @@ def job_command(
         cmd += ["--trace-every-steps", str(trace_every_steps)]
     if until_epoch is not None:
         cmd += ["--until-epoch", str(until_epoch)]
+    if until_step is not None:
+        cmd += ["--until-step", str(until_step)]
     if max_model_parameters is not None:
         cmd += ["--max-model-parameters", str(max_model_parameters)]
     if checkpoint_dir is not None:
@@ -112,36 +189,73 @@ def job_command(
     return cmd
 
 
+def determinism_environment(spec_path: Path) -> dict[str, str] | None:
+    """What the spec's determinism needs at interpreter start; None if the spec is unreadable
+    (the job then reports it, and re-executes itself should it need to)."""
+    try:
+        spec = load_spec(spec_path)
+    except (SpecError, OSError, ValueError):
+        return None
+    return required_environment(spec.determinism)
+
+
+def request_environment(request: JobRequest) -> dict[str, str]:
+    """The whole environment of the request's job."""
+    env = {**job_environment(), **request.environment, **export_environment(request)}
+    return {**env, **(determinism_environment(request.spec_path) or {})}
+
+
+def request_command(request: JobRequest) -> list[str]:
+    """The command line of the request's job."""
+    return job_command(
+        request.spec_path,
+        request.result_path,
+        checkpoint_dir=request.checkpoint_dir,
+        resume=request.resume,
+        max_model_parameters=request.max_model_parameters,
+        trace_every_steps=request.trace_every_steps,
+        until_epoch=request.until_epoch,
+        until_step=request.until_step,
+        dataset_file=request.dataset_file,
+        code_file=request.code_file,
+        model_file=request.model_file,
+    )
+
+
+def _popen_options() -> dict[str, Any]:
+    """How every job process is started, cold or warm."""
+    return {
+        "stderr": subprocess.PIPE,
+        "text": True,
+        "encoding": "utf-8",
+        "errors": "replace",
+        # Own session: a terminal's Ctrl-C reaches only the agent, which stops the job
+        # gracefully instead of the job dying of KeyboardInterrupt mid-epoch.
+        "start_new_session": True,
+        "preexec_fn": pdeathsig_preexec(),
+    }
+
+
 class ProcessJob:
     """A job subprocess in its own session that dies with the thread that started it."""
 
     failure_reason: str | None = None
 
-    def __init__(self, request: JobRequest) -> None:
-        self._proc = subprocess.Popen(
-            job_command(
-                request.spec_path,
-                request.result_path,
-                checkpoint_dir=request.checkpoint_dir,
-                resume=request.resume,
-                max_model_parameters=request.max_model_parameters,
-                trace_every_steps=request.trace_every_steps,
-                until_epoch=request.until_epoch,
-                dataset_file=request.dataset_file,
-                code_file=request.code_file,
-                model_file=request.model_file,
-            ),
-            env={**job_environment(), **request.environment, **export_environment(request)},
+    def __init__(
+        self, request: JobRequest, *, proc: subprocess.Popen[str] | None = None, warm: bool = False
+    ) -> None:
+        self.warm = warm  # started in a warm interpreter
+        self._proc: subprocess.Popen[str] = proc or subprocess.Popen(
+            request_command(request),
+            env=request_environment(request),
             stdin=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            # Own session: a terminal's Ctrl-C reaches only the agent, which stops the job
-            # gracefully instead of the job dying of KeyboardInterrupt mid-epoch.
-            start_new_session=True,
-            preexec_fn=pdeathsig_preexec(),
+            **_popen_options(),
         )
+
+    @property
+    def pid(self) -> int:
+        """The job's process id."""
+        return self._proc.pid
 
     def stderr_lines(self) -> Iterator[str]:
         """The job's stderr lines until it closes its end of the pipe."""
@@ -168,24 +282,75 @@ class ProcessJob:
 
 
 class ProcessExecutor:
-    """Runs each job as a fresh subprocess of the agent's own environment."""
+    """Runs each job as a subprocess of the agent's own environment, warm when it can."""
 
     kind = "process"
 
-    def __init__(self, *, trust_code: bool = False) -> None:
+    def __init__(self, *, trust_code: bool = False, warm_start: bool = True) -> None:
         # A job here runs as the agent's user: code bundles only when the operator says so.
         self.accepts_code = trust_code
+        self.warm_start = warm_start
+        self._warm: WarmInterpreter | None = None
+        # The start-up environment the next job most likely needs: the last job's.
+        self._next_startup: dict[str, str] | None = None
+        # What the job must not see of the agent: its memory, and the credentials it was
+        # started with (REPRO_TOKEN), which /proc/<agent>/environ would show the job.
+        hide_agent_memory()
+        hide_startup_credentials()
 
     def advertised_images(self) -> list[str]:
-        """None of its own: the operator names the image this environment is (`--image`)."""
-        return []
+        """The image this environment is, as its pod or host was told it (REPRO_IMAGE_ID, the
+        config digest, and REPRO_IMAGE_DIGEST, the registry's); `--image` adds more."""
+        return told_images()
 
     def image_provenance(self) -> dict[str, Any] | None:
         """None: the job records its own environment (REPRO_IMAGE_REF / _DIGEST if set)."""
         return None
 
+    def prepare(self) -> None:
+        """While idle: have a warm interpreter for the next job, replacing one that died.
+
+        Call it from the thread that starts jobs: the interpreter dies with that thread.
+        """
+        if not self.warm_start:
+            return
+        if self._warm is not None and not self._warm.alive():
+            log.warning("warm interpreter %d ended on its own; starting another", self._warm.pid)
+            self.discard_warm()
+        if self._warm is None:
+            guess = {**job_environment(), **required_environment(DeterminismSpec())}
+            env = startup_part(self._next_startup or guess)
+            self._warm = WarmInterpreter(env, _popen_options())
+
+    def warm_pid(self) -> int | None:
+        """The process id of the waiting warm interpreter, if there is one."""
+        return None if self._warm is None else self._warm.pid
+
+    def wait_warm(self, timeout: float) -> bool:
+        """Whether the warm interpreter has finished its imports within `timeout` seconds."""
+        return self._warm is not None and self._warm.wait_ready(timeout)
+
+    def discard_warm(self) -> None:
+        """Kill and reap the warm interpreter, if any (the agent calls it when it stops)."""
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.discard()
+
     def start(self, request: JobRequest) -> ProcessJob:
-        """Start the job subprocess."""
+        """Start the job subprocess: in the warm interpreter if it fits, else a fresh one."""
+        env = request_environment(request)
+        self._next_startup = startup_part(env)
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            known = determinism_environment(request.spec_path) is not None
+            if known and warm.alive() and warm.fits(env, request):
+                if warm.hand_over(request_command(request)[3:], env):
+                    log.info("run %s: job handed to warm interpreter %d", request.run_id, warm.pid)
+                    return ProcessJob(request, proc=warm.proc, warm=True)
+            else:
+                why = "does not fit the spec" if warm.alive() else "has died"
+                log.info("run %s: warm interpreter %s; starting cold", request.run_id, why)
+            warm.discard()
         return ProcessJob(request)
 
     def reap_orphans(self) -> None:
@@ -209,6 +374,7 @@ def run_process_job(
     """
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(determinism_environment(spec) or {})  # so the job need not re-execute itself
     with subprocess.Popen(
         job_command(
             spec,
