@@ -442,19 +442,8 @@ def _kind(point: TracePoint | Mapping[str, Any]) -> str:
     return point.kind if isinstance(point, TracePoint) else str(point["kind"])
 
 
-def _epoch(point: TracePoint | Mapping[str, Any]) -> int:
-    return point.epoch if isinstance(point, TracePoint) else int(point["epoch"])
-
-
 def _fingerprint(point: TracePoint | Mapping[str, Any]) -> str:
     return point.fingerprint if isinstance(point, TracePoint) else str(point["fingerprint"])
-
-
-def replace_point(point: TracePoint, fingerprint: str) -> TracePoint:
-    """The trace point with another fingerprint (its variables load separately)."""
-    return TracePoint.model_construct(
-        kind=point.kind, epoch=point.epoch, step=point.step, fingerprint=fingerprint, variables={}
-    )
 
 
 def _explain(

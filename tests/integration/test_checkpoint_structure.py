@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.integration.service_procs import Service
-from tests.integration.test_server_verification import SEED001, Arrays, npz_of, state
+from tests.integration.test_server_verification import SEED001, Arrays, npz_of, run_of, state
 from tests.integration.test_server_verification import point as trace_point
 from worker.spec import parse_spec_text
 
@@ -104,13 +104,6 @@ def submit(svc: Service, spec: str, key: str, content_type: str = "application/y
     created = svc.submit(spec, content_type, **{"Idempotency-Key": key})
     assert created.status_code == 201, created.text
     return int(created.json()["run"]["id"])
-
-
-def run_of(svc: Service, run_id: int) -> dict[str, Any]:
-    answer = svc.client.get(f"/api/v1/runs/{run_id}")
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
 
 
 def test_a_forged_checkpoint_of_one_made_up_array_fails_and_is_never_a_reference(
