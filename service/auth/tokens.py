@@ -229,11 +229,13 @@ class FailureLimiter:
                 everyone.popleft()
             if len(self._failures) > 10_000:  # bound memory under a spray of addresses
                 self._failures = {k: v for k, v in self._failures.items() if v}
-            over = [
-                q for q, limit in ((recent, self.max_failures), (everyone, self.max_per_address))
-                if len(q) > limit
-            ]  # fmt: skip
-            if not over:
+            if len(recent) <= self.max_failures and len(everyone) <= self.max_per_address:
                 return None
-            retry = max(int(q[0] + self.window - now) + 1 for q in over)
+            # A retry is counted too: it is let through once no more than limit - 1
+            # failures remain in the window, when the (len - limit)th oldest expires.
+            retry = max(
+                int(q[len(q) - limit] + self.window - now) + 1
+                for q, limit in ((recent, self.max_failures), (everyone, self.max_per_address))
+                if len(q) > limit
+            )
         return RateLimited(f"too many invalid tokens; retry in {retry} s", retry_after=retry)

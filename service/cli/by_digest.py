@@ -65,7 +65,7 @@ def listed(
         return table
 
     # "sha256:" and 12 hex digits at least, as `docker images` shows image IDs.
-    print_table(make, [d["digest"] for d in page["items"]], shortest=19)
+    print_table(make, [d["digest"] for d in page["items"]], column=0, shortest=19)
 
 
 def shown(record: Answer, *, as_json: bool, lines: Callable[[Answer], list[str]]) -> None:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import tempfile
-import types
-import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,8 +12,6 @@ import typer
 from service.cli.output import Command, JsonFlag, TrainingBar, emit_json, err
 
 if TYPE_CHECKING:  # imported where used: every `repro` command starts without NumPy or pydantic
-    from pydantic import BaseModel
-
     from worker.result import JobResult
     from worker.spec import ExperimentSpec
 
@@ -38,6 +33,7 @@ def validate(
     from worker.models.data_fit import check_data_fit
     from worker.models.registry import check_spec
     from worker.spec import load_spec
+    from worker.spec_suggestions import with_suggestion
 
     try:
         parsed = load_spec(spec)
@@ -45,7 +41,7 @@ def validate(
         # The same judgement as the server's at submit, which reads the pushed dataset's record.
         check_data_fit(parsed, inspect_dataset(dataset) if dataset is not None else None)
     except (SpecError, OSError, DatasetFormatError) as exc:
-        errors = [_with_suggestion(e) for e in getattr(exc, "errors", [])]
+        errors = [with_suggestion(e) for e in getattr(exc, "errors", [])]
         if as_json:
             emit_json({"valid": False, "error": named(str(exc), spec), "errors": errors})
         else:
@@ -80,44 +76,6 @@ def _problems(exc: Exception, errors: list[dict[str, str]], path: Path) -> list[
         hint = f" (did you mean {e['suggestion']}?)" if e.get("suggestion") else ""
         lines.append(f"{e['loc']}: {named(e['msg'], path)}{hint}")
     return lines
-
-
-def _with_suggestion(error: dict[str, str]) -> dict[str, str]:
-    """The error, with the field probably meant where its path names no field of the spec."""
-    *parents, name = error.get("loc", "").split(".")
-    if not name or error.get("msg") != "Extra inputs are not permitted":
-        return error
-    fields = _field_names(parents)
-    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
-    if not close:
-        return error
-    return {**error, "suggestion": ".".join([*parents, close[0]])}
-
-
-def _field_names(path: list[str]) -> list[str]:
-    """The field names of the spec model at a dotted path ([] if it names no model)."""
-
-    from worker.spec import ExperimentSpec
-
-    model: type[BaseModel] | None = ExperimentSpec
-    for part in path:
-        field = model.model_fields.get(part) if model is not None else None
-        model = _model_in(field.annotation) if field is not None else None
-    return list(model.model_fields) if model is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model a field holds, looking inside Optional, unions and Annotated."""
-    from pydantic import BaseModel
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, typing.Annotated):
-        for arg in typing.get_args(annotation):
-            if (found := _model_in(arg)) is not None:
-                return found
-    return None
 
 
 XLA_CHANGES_DATA = (

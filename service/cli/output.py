@@ -132,7 +132,7 @@ class TrainingBar:
     description instead, so a log shows the epochs advance.
     """
 
-    def __init__(self, label: str, *, quiet: bool, initial: str) -> None:
+    def __init__(self, label: str, *, quiet: bool, initial: str, total: int | None = None) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -153,7 +153,8 @@ class TrainingBar:
             console=err,
             disable=quiet or self._lines,
         )
-        self._task = self._progress.add_task(initial, total=None)
+        # A known total (a remote run's epochs) shows "0/3" while queued, not "0/?".
+        self._task = self._progress.add_task(initial, total=total)
         self._say(initial)
 
     def __enter__(self) -> TrainingBar:
@@ -230,10 +231,30 @@ def unique_prefixes(values: list[str], *, shortest: int) -> list[str]:
     return [v if len(v) <= n else v[:n] + "…" for v in values]
 
 
-def print_table(make: Callable[[list[str]], Table], values: list[str], *, shortest: int) -> None:
-    """Print on stdout the table `make` builds around `values` (digests, fingerprints): whole,
-    unless stdout is a terminal too narrow for them, then cut to unique prefixes."""
+def print_table(
+    make: Callable[[list[str]], Table], values: list[str], *, column: int, shortest: int
+) -> None:
+    """Print on stdout the table `make` builds around `values` (digests, fingerprints) in its
+    `column`: whole, unless stdout is a terminal too narrow for them, then cut to unique
+    prefixes."""
     table = make(values)
-    if out.is_terminal and out.measure(table).maximum > out.width:
-        table = make(unique_prefixes(values, shortest=shortest))
+    # Measured within the terminal's width, a table never exceeds it: measure it unbounded.
+    unbounded = out.options.update_width(_UNWRAPPED)
+    if out.is_terminal and out.measure(table, options=unbounded).maximum > out.width:
+        shown = unique_prefixes(values, shortest=shortest)
+        table = make(shown)
+        _give_way(table, column, keep=max((len(v) for v in shown), default=0))
     out.print(table)
+
+
+def _give_way(table: Table, column: int, *, keep: int) -> None:
+    """Cap the other columns at equal shares of the width `column` leaves, so `column` keeps
+    `keep` characters: squeezed to fit, rich cuts every column alike, prefixes included."""
+    key = table.columns[column]
+    key.no_wrap, key.min_width = True, keep
+    others = [c for i, c in enumerate(table.columns) if i != column]
+    borders = len(table.columns) + 1
+    padding = 2 * len(table.columns)  # one space each side of a cell
+    share = (out.width - borders - padding - keep) // max(len(others), 1)
+    for other in others:
+        other.max_width = max(share, 1) + 2

@@ -33,7 +33,7 @@ _PAGE = 500  # runs per request when listing (the server's largest page)
 
 def _wait(client: Client, run_id: int, *, quiet: bool, timeout: float | None) -> Run:
     epochs = int((client.run(run_id).spec or {})["training"]["epochs"])
-    with TrainingBar(f"run {run_id}", quiet=quiet, initial="queued") as bar:
+    with TrainingBar(f"run {run_id}", quiet=quiet, initial="queued", total=epochs) as bar:
 
         def on_progress(run: Run) -> None:
             where = f"{run.status} (attempt {run.attempt})"
@@ -249,7 +249,8 @@ def status(
             )
         return table
 
-    print_table(make, [r["final_fingerprint"] or "" for r in page["items"]], shortest=23)
+    fingerprints = [r["final_fingerprint"] or "" for r in page["items"]]
+    print_table(make, fingerprints, column=5, shortest=23)
     more = " (more: raise --limit, or --limit 0 for all)" if page["next_cursor"] else ""
     err.print(f"{len(page['items'])} runs{more}", highlight=False)
 
@@ -291,8 +292,14 @@ def _wait_refinement(
 
 
 def compare(
-    a: Annotated[str, typer.Argument(help="run id or result document")],
-    b: Annotated[str, typer.Argument(help="run id or result document")],
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="two run ids or result documents, or three or more run ids",
+            metavar="RUN",
+            show_default=False,
+        ),
+    ],
     refine: Annotated[
         bool,
         typer.Option(
@@ -305,10 +312,12 @@ def compare(
     timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Compare two runs (ids) or two result documents (files); exit 0 only if identical.
+    """Compare two runs (ids) or two result documents (files), or three or more runs at once;
+    exit 0 only if every pair is identical.
 
-    Prints where the runs first diverge, which variables differ and by how much, whether
-    the data or the computation diverged, and which environment fields differ.
+    Two: where the runs first diverge, which variables differ and by how much, whether the
+    data or the computation diverged, and which environment fields differ. Three or more:
+    each pair's verdict as a matrix, and the spec and environment fields that differ.
     """
     # Imported here: the report code needs NumPy, which no other command should wait for.
     from reprotrain import ApiError
@@ -316,6 +325,9 @@ def compare(
     from service.cli.report import print_report
     from worker.result import read_result
 
+    if len(runs) != 2:
+        raise typer.Exit(_compare_many(runs, refine=refine, api=api, token=token, json=as_json))
+    a, b = runs
     if Path(a).is_file() and Path(b).is_file():
         if refine:
             err.print("[red]--refine needs run ids:[/red] the service re-runs each on its worker")
@@ -353,6 +365,32 @@ def compare(
     else:
         print_report(report)
     raise typer.Exit(0 if report["verdict"] == "identical" else 1)
+
+
+def _compare_many(runs: list[str], *, refine: bool, api: str, token: str | None, json: bool) -> int:
+    """Three or more runs compared at once: 0 if every pair is identical, 1 otherwise."""
+    from reprotrain import ApiError
+    from service.cli.runs_matrix import print_matrix
+
+    if len(runs) < 2:
+        err.print("[red]name two runs or more to compare[/red]")
+        return 2
+    if refine:
+        err.print("[red]--refine takes two runs:[/red] it re-runs one pair's divergent epoch")
+        return 2
+    bad = [r for r in runs if not (r.isascii() and r.isdigit())]
+    if bad:
+        err.print(f"[red]not a run id:[/red] {bad[0]} (three or more runs: ids only)")
+        return 2
+    try:
+        found = repro_client(api, token).compare_runs([int(r) for r in runs])
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    if json:
+        emit_json(found.raw)
+    else:
+        print_matrix(found)
+    return 0 if found.identical else 1
 
 
 def audit_copies(

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -26,6 +26,7 @@ from .models import (
     Comparison,
     Experiment,
     Refinement,
+    RunsComparison,
     RunState,
     SpotCheck,
 )
@@ -43,7 +44,8 @@ def _id(run: RunRef) -> int:
 
 
 class Run(RunState):
-    """A run, with what can be done to it: `wait`, `rerun`, `refresh`, `cancel`, `compare`.
+    """A run, with what can be done to it: `wait`, `rerun`, `refresh`, `cancel`, `compare`,
+    `compare_with`.
 
     `warnings` (from a submit) says what the spec does that its author may not expect.
     """
@@ -89,6 +91,10 @@ class Run(RunState):
     def compare(self, other: RunRef) -> Comparison:
         """This run compared with another: verdict, first divergence, environment diff."""
         return self._api().compare(self.id, other)
+
+    def compare_with(self, *others: RunRef) -> RunsComparison:
+        """This run and the others compared at once, pair by pair (see `Client.compare_runs`)."""
+        return self._api().compare_runs([self.id, *others])
 
 
 class RunPage:
@@ -248,6 +254,12 @@ class Client:
         """Run b compared with run a: the verdict, why, and where they first diverge."""
         params = {"a": _id(a), "b": _id(b)}
         return Comparison.from_api(self._http.json("GET", "/compare", params=params))
+
+    def compare_runs(self, runs: Iterable[RunRef]) -> RunsComparison:
+        """Two or more runs at once: each pair's verdict, the spec and environment fields that
+        differ among them, their metric curves (the server caps how many runs)."""
+        params = {"runs": ",".join(str(_id(r)) for r in runs)}
+        return RunsComparison.from_api(self._http.json("GET", "/compare/runs", params=params))
 
     def refine(self, a: RunRef, b: RunRef) -> Refinement:
         """Queue a per-step re-trace of two diverged runs' divergent epoch."""

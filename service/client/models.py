@@ -82,6 +82,64 @@ class Comparison(ApiModel):
         return self.verdict == "identical"
 
 
+class PairVerdict(ApiModel):
+    """Run b against run a within an N-way comparison; `Client.compare` has the detail."""
+
+    a: int
+    b: int
+    verdict: Literal["identical", "diverged", "incomparable"]
+    reason: str = ""
+    stored: bool = False  # read from the report kept when a rerun finished
+
+
+class DifferingField(ApiModel):
+    """A spec or environment field whose value is not the same in every compared run."""
+
+    field: str
+    values: list[Any] = Field(default_factory=list)  # one per run, in the order of `runs`
+    breaks_reproducibility: bool = False
+    why: str | None = None
+
+
+class MetricCurve(ApiModel):
+    """One run's values of a metric, as (epoch, value) points."""
+
+    run: int
+    points: list[tuple[float, float]] = Field(default_factory=list)
+
+
+class RunsComparison(ApiModel):
+    """N runs compared at once: every pair's verdict, the spec and environment fields that
+    differ among them (only those), and each metric's curve per run."""
+
+    runs: list[int]
+    pairs: list[PairVerdict] = Field(default_factory=list)
+    spec_diff: list[DifferingField] = Field(default_factory=list)
+    environment_diff: list[DifferingField] = Field(default_factory=list)
+    curves: dict[str, list[MetricCurve]] = Field(default_factory=dict)
+
+    @property
+    def identical(self) -> bool:
+        """Whether every pair of the runs is bitwise identical."""
+        return all(p.verdict == "identical" for p in self.pairs)
+
+    def pair(self, a: int, b: int) -> PairVerdict:
+        """The verdict of two of the compared runs, in either order (KeyError otherwise)."""
+        for found in self.pairs:
+            if {found.a, found.b} == {a, b} and a != b:
+                return found
+        raise KeyError(f"runs {a} and {b} are not a compared pair")
+
+    def matrix(self) -> list[list[str | None]]:
+        """Each pair's verdict as rows and columns in the order of `runs`; None where a run
+        meets itself."""
+        verdicts = {frozenset((p.a, p.b)): p.verdict for p in self.pairs}
+        return [
+            [None if a == b else verdicts.get(frozenset((a, b))) for b in self.runs]
+            for a in self.runs
+        ]
+
+
 class RunState(ApiModel):
     """A run as the API shows it: the fields of a listing, and with `Client.run` also its
     spec, seed, metrics and verdict report."""

@@ -105,6 +105,13 @@ def get_columns(
 ColumnsDep = Annotated[Columns, Depends(get_columns)]
 
 
+def _live_url(ids: str, columns: Columns, *, n: int | None = None) -> str:
+    # The live rows carry the page's metric cells, so the poll names every column the
+    # page's URL does (a sort by a metric adds one).
+    items = [("ids", ids), *([("n", str(n))] if n is not None else []), *columns.query_items()]
+    return "/runs/live?" + urlencode(items, safe=",")
+
+
 def _url(filters: Filters, columns: Columns | None = None, **more: object) -> str:
     items = filters.query_items() + (columns.query_items() if columns else [])
     items += [(k, str(v)) for k, v in more.items() if v is not None]
@@ -140,6 +147,7 @@ def runs(
         older = {"before": found.older} if found.older else None
         deep = before is not None or after is not None
     ids = [r.run.id for r in found.rows]
+    live = ",".join(str(r.run.id) for r in found.rows if r.live)
     return render(
         request,
         "runs.html",
@@ -153,7 +161,7 @@ def runs(
         statuses=RUN_STATUSES,
         verdicts=VERDICT_FILTERS,
         spot_check_filters=SPOT_CHECK_FILTERS,
-        live_ids=",".join(str(r.run.id) for r in found.rows if r.live),
+        live_url=_live_url(live, columns) if live else None,
         newer_url=_url(filters, columns, **newer, **size) if newer else None,
         older_url=_url(filters, columns, **older, **size) if older else None,
         first_url=_url(filters, columns, **size) if deep else None,
@@ -196,22 +204,21 @@ def live_rows(
     request: Request,
     viewer: ViewerDep,
     db: ReadSessionDep,
+    columns: ColumnsDep,
     ids: Annotated[str, Query(max_length=2400)] = "",
     n: PollCount = 0,
-    metric: MetricName = "",
 ) -> HTMLResponse:
     """The rows of the page that may still change (unfinished runs, and finished ones whose
     verdict an older run of their family still decides), swapped in place; polling stops
     once none may."""
     rows = run_rows.by_ids(db, _ids(ids))
     still = ",".join(str(r.run.id) for r in rows if r.live)
-    columns = Columns(metric=metric.strip())
     return render(
         request,
         "runs_live.html",
         viewer,
         rows=rows,
-        live_ids=still,
+        live_url=_live_url(still, columns, n=n + 1) if still else None,
         n=n + 1,
         max_polls=MAX_POLLS,
         columns=columns,

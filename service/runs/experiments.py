@@ -20,6 +20,7 @@ from service.storage import code_bundles, datasets, model_definitions
 from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.models import registry
 from worker.spec import ExperimentSpec, parse_spec, parse_spec_text
+from worker.spec_suggestions import suggesting
 from worker.training.seeds import resolve_seed
 
 
@@ -36,7 +37,8 @@ def parse_submission(
     except RecursionError:  # the parsers recurse once per level of nesting
         raise MalformedBody(f"the {fmt.upper()} spec nests too deeply") from None
     except SpecError as exc:
-        raise InvalidSpec(str(exc), errors=exc.errors) from None
+        hinted = suggesting(exc)  # "did you mean 'batch_size'?" for a misspelled field
+        raise InvalidSpec(str(hinted), errors=hinted.errors) from None
     except ValueError as exc:  # an integer too long for Python, read or written back
         if not exceeds_int_digits(exc):
             raise

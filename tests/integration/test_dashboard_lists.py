@@ -276,6 +276,32 @@ def test_runs_sort_by_a_metric_both_ways_across_pages_with_runs_without_it_last(
     assert [int(i) for i in re.findall(r'<tr id="run-(\d+)"', failed)] == [world.running]
 
 
+def test_live_rows_have_the_header_cells_on_a_page_sorted_by_a_metric_not_shown_by_default(
+    app: Any, world: World, browser: AsgiBrowser
+) -> None:
+    _report_results(app, browser)  # records "f1 <score>", and leaves two runs queued
+    page = valid(browser.get("/?sort=f1+%3Cscore%3E&order=asc"))
+    header = re.search(r"<thead><tr>(.*?)</tr></thead>", page, flags=re.S)
+    assert header is not None and "f1 &lt;score&gt;" in header.group(1)
+    cells = header.group(1).count("<th")
+    poll_url = page
+    polled: set[int] = set()
+    for _ in range(2):  # the page's poll, then the poll the answer asks for next
+        poll = re.search(r'id="live-poller" hx-get="([^"]+)"', poll_url)
+        assert poll is not None
+        live = browser.get(html.unescape(poll.group(1)))
+        assert live.status_code == 200, live.text[:2000]
+        rows = re.findall(r'<tr id="run-(\d+)"[^>]*>(.*?)</tr>', live.text, flags=re.S)
+        assert rows
+        for run_id, row in rows:
+            assert row.count("<td") == cells, f"run {run_id}: {row}"
+            on_page = re.search(rf'<tr id="run-{run_id}"[^>]*>(.*?)</tr>', page, flags=re.S)
+            assert on_page is not None and on_page.group(1).count("<td") == cells
+        polled |= {int(run_id) for run_id, _ in rows}
+        poll_url = live.text
+    assert world.running in polled
+
+
 def test_the_migration_fills_final_metrics_of_results_stored_before_it(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'before.db'}"
     upgrade(url, "0008")
