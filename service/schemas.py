@@ -452,6 +452,8 @@ class ModelDefinitionDetail(ModelDefinitionOut):
     runs: list[int] = Field(default_factory=list)
     runs_total: int = 0
     content_url: str
+    # What of the pushed file the server does not use (a .keras archive's weights).
+    note: str | None = None
 
 
 class RunArtifact(ArtifactOut):

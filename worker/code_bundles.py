@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-# The entry-point groups a bundle may declare components in (worker.models.registry reads
-# the first two; the others are reserved for the component kinds specs name by string).
+# The entry-point groups a bundle may declare components in: the kinds of component a spec
+# names (worker.models.registry.ENTRY_POINT_GROUPS). A custom layer has no such name: it goes
+# in the bundle's architecture, which builds the model with it.
 GROUPS = (
     "reprotrain.generators",
     "reprotrain.architectures",
     "reprotrain.losses",
-    "reprotrain.layers",
 )
 MAX_MEMBERS = 2000  # files in one wheel
 MAX_MEMBER_BYTES = 64 * 1024**2  # one file, inflated
@@ -148,13 +148,15 @@ def _entry_points(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, str]]:
         parser.read_string(text)
     except configparser.Error as exc:
         raise CodeBundleError(f"entry_points.txt is malformed: {exc}") from None
+    unknown = [group for group in parser.sections() if group not in GROUPS]
+    if unknown:
+        raise CodeBundleError(
+            f"entry point groups {', '.join(repr(g) for g in unknown)} are not ones a bundle may "
+            f"declare ({', '.join(GROUPS)}); console scripts and other plugins are refused, and "
+            "a custom layer goes in the bundle's architecture"
+        )
     found = []
     for group in parser.sections():
-        if group not in GROUPS:
-            raise CodeBundleError(
-                f"entry point group {group!r} is not one a bundle may declare "
-                f"({', '.join(GROUPS)}); console scripts and other plugins are refused"
-            )
         for name, value in parser.items(group):
             if not _NAME.match(name) or not _ENTRY_VALUE.match(value.strip()):
                 raise CodeBundleError(f"entry point {group}:{name} = {value!r} is malformed")
@@ -197,7 +199,7 @@ def inspect_wheel(
         raise CodeBundleError(f"the wheel cannot be read: {exc}") from None
     if not entry_points:
         raise CodeBundleError(
-            f"the wheel declares no entry point in {', '.join(GROUPS[:2])}: nothing to use"
+            f"the wheel declares no entry point in {', '.join(GROUPS)}: nothing to use"
         )
     return WheelInfo(name=name, version=version, files=files, entry_points=entry_points)
 

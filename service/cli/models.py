@@ -49,9 +49,10 @@ def push(
 
 
 def _summary(record: stored.Answer) -> str:
-    return (
+    summary = (
         f"{record['name']}: {record['layer_count']} layers, {record['parameter_count']} parameters"
     )
+    return f"{summary}; {record['note']}" if record.get("note") else summary
 
 
 @model_app.command("list", cls=Command)

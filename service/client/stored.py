@@ -5,9 +5,6 @@ by its `sha256:` digest."""
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +20,9 @@ from .models import (
     ModelDefinition,
     ModelDefinitionPage,
 )
+from .wheel_build import build_wheel
 
 PUSH_READ_SECONDS = 600.0  # a pushed file is checked whole before the answer
-BUILD_SECONDS = 300.0
 _CHUNK = 1 << 20
 _PAGE = 500  # the server's largest page
 
@@ -124,8 +121,9 @@ class CodeBundles(_Stored[CodeBundle, CodeBundlePage]):
     _page = CodeBundlePage
 
     def push(self, path: str | Path, *, name: str | None = None) -> CodeBundle:
-        """Upload a wheel, or build one of a project directory first (offline, without its
-        dependencies: the build backend must be installed here); its digest goes in `code`."""
+        """Upload a wheel, or build one of a project directory first (offline, with the
+        project's build backend: setuptools comes with this package); its digest goes in
+        `code`. ValueError naming what is missing, or why, when the build fails."""
         path = Path(path)
         if not path.is_dir():
             if path.suffix != ".whl":
@@ -134,24 +132,6 @@ class CodeBundles(_Stored[CodeBundle, CodeBundlePage]):
         with tempfile.TemporaryDirectory(prefix="repro-code-") as tmp:
             wheel = build_wheel(path, Path(tmp))
             return self._push(wheel, {"name": name or wheel.name, "filename": wheel.name})
-
-
-def build_wheel(project: Path, out_dir: Path) -> Path:
-    """A wheel of the project directory, built without network or dependencies
-    (`pip wheel --no-build-isolation --no-index`). ValueError with pip's reason if it fails."""
-    # A copy, so the build leaves nothing (build/, *.egg-info) in the user's project.
-    source = out_dir / "project"
-    shutil.copytree(project, source, ignore=shutil.ignore_patterns("build", "*.egg-info", ".*"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-    cmd += ["--no-index", "--quiet", "--wheel-dir", str(out_dir), str(source)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_SECONDS)
-    except subprocess.TimeoutExpired:
-        raise ValueError(f"building a wheel of {project} took over {BUILD_SECONDS:.0f} s") from None
-    wheels = sorted(out_dir.glob("*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
-        raise ValueError(f"building a wheel of {project} failed:\n{done.stderr.strip()}")
-    return wheels[0]
 
 
 def _file_sha256(path: Path) -> tuple[str, int]:

@@ -188,7 +188,9 @@ async def refine(request: Request) -> RedirectResponse:
             raise MalformedBody("a and b must be run ids") from None
         if not (1 <= a <= MAX_ID and 1 <= b <= MAX_ID):
             raise MalformedBody("a and b must be run ids")
-        found = comparisons.create_refinement(db=db, a_id=a, b_id=b, actor=viewer.principal)
+        found = comparisons.create_refinement(
+            db=db, a_id=a, b_id=b, actor=viewer.principal, settings=request.app.state.settings
+        )
         return f"/compare?a={a}&b={b}&refinement={found.id}"
 
     return await perform(request, act)

@@ -151,7 +151,9 @@ async def rerun(request: Request, run_id: IdPath) -> RedirectResponse:
     """Queue a rerun and open its page."""
 
     def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
-        new = svc.rerun(db=db, run_id=run_id, actor=viewer.principal)
+        new = svc.rerun(
+            db=db, run_id=run_id, actor=viewer.principal, settings=request.app.state.settings
+        )
         return f"/runs/{new.id}"
 
     return await perform(request, act)

@@ -108,7 +108,8 @@ def waiting_reason(
 ) -> str | None:
     """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
     none offers as many devices as it asks replicas, or it has a code bundle and no live
-    worker accepts code (None when some live worker could take it)."""
+    worker accepts code or the operator turned bundles off (None when some live worker
+    could take it)."""
     live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
     live = db.execute(
         select(Worker.images, Worker.devices, Worker.accepts_code).where(
@@ -116,7 +117,13 @@ def waiting_reason(
         )
     ).all()
     reasons = []
-    if needs_code and not db.scalar(
+    if needs_code and not settings.allow_code_bundles:
+        reasons.append(
+            "it runs a code bundle and code bundles are turned off on this server "
+            "(REPRO_ALLOW_CODE_BUNDLES=false): no worker claims it until the operator turns "
+            "them on again (or cancel it)"
+        )
+    elif needs_code and not db.scalar(
         select(exists().where(Worker.last_seen_at >= live_since, Worker.accepts_code))
     ):
         reasons.append(
@@ -184,8 +191,11 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
             <= now - timedelta(seconds=settings.spot_check_other_worker_seconds),
         ),
         candidate.replicas <= worker.devices,
-        # A code bundle runs only where the worker said it accepts code.
-        true() if worker.accepts_code else candidate.needs_code.is_(False),
+        # A code bundle runs only where the worker said it accepts code, and only while the
+        # operator allows bundles: turning them off holds back runs queued before.
+        true()
+        if worker.accepts_code and settings.allow_code_bundles
+        else candidate.needs_code.is_(False),
         _spread(candidate, worker, now - timedelta(seconds=settings.lease_seconds)),
     )
     candidates = select(candidate.id).where(runnable).order_by(candidate.id).limit(1)

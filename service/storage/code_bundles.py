@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.auth.tokens import Principal
 from service.config import Settings
-from service.errors import CodeBundleRefused, InvalidSpec, MalformedBody
+from service.errors import CodeBundleRefused, Conflict, InvalidSpec, MalformedBody
 from service.persistence.models import CodeBundle, Experiment
 from service.storage.by_digest import ByDigest, move_in
 from worker.code_bundles import CodeBundleError, inspect_wheel
@@ -49,6 +49,13 @@ def check_allowed(settings: Settings, *, loc: str | None = None) -> None:
     if loc is None:
         raise CodeBundleRefused(SWITCH_OFF)
     raise InvalidSpec(f"{loc}: {SWITCH_OFF}", errors=[{"loc": loc, "msg": SWITCH_OFF}])
+
+
+def check_queueing_allowed(settings: Settings, *, needs_code: bool, what: str) -> None:
+    """Conflict (409) when `what` (a replay, a re-trace) would run a code bundle while the
+    operator has turned bundles off: nothing is queued."""
+    if needs_code and not settings.allow_code_bundles:
+        raise Conflict(f"{what} runs a code bundle, and {SWITCH_OFF}; nothing was queued")
 
 
 def check_filename(filename: str) -> str:

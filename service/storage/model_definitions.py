@@ -25,7 +25,7 @@ from service.storage.by_digest import ByDigest, local_path, write_in
 from worker.data import arrays_fit
 from worker.data.batch_source import DataInfo
 from worker.errors import SpecError
-from worker.models import registry
+from worker.models import data_fit, registry
 from worker.models.keras_definition import (
     DefinitionInfo,
     DefinitionLimits,
@@ -34,6 +34,11 @@ from worker.models.keras_definition import (
     read_definition,
 )
 from worker.spec import ExperimentSpec
+
+ARCHIVE_NOTE = (
+    "only the architecture (config.json) of this .keras archive is used: any weights in it "
+    "are ignored, and each run starts from the initialisation its seed determines"
+)
 
 
 def _uses(digest: str) -> ColumnElement[bool]:
@@ -172,7 +177,7 @@ def require_usable(
         info = read_definition(local_path(definition).read_bytes())
     except (OSError, DefinitionRefused):
         return definition  # unreadable here: the worker checks it again and says why
-    sample = _sample(db, spec, token_ids=not info.input_dtype.startswith("float"))
+    sample = _sample(db, spec, token_ids=data_fit.takes_token_ids(spec, info))
     if sample is not None:
         try:
             check_fits(info, sample)
@@ -183,7 +188,9 @@ def require_usable(
 
 
 def _sample(db: Session, spec: ExperimentSpec, *, token_ids: bool) -> DataInfo | None:
-    """One sample of the spec's data, where it is known without TensorFlow."""
+    """One sample of the spec's data, where it is known without TensorFlow; InvalidSpec
+    naming the field when the stored dataset cannot serve this model's input (token ids
+    that would be scaled, float data for an integer input), as the job would find."""
     ds = spec.dataset
     try:
         if ds.generator != "arrays":
@@ -192,5 +199,8 @@ def _sample(db: Session, spec: ExperimentSpec, *, token_ids: bool) -> DataInfo |
         if described is None:
             return None
         return arrays_fit.describe(ds.params, described, ds, token_ids=token_ids)
+    except arrays_fit.FitError as exc:
+        msg = f"the dataset {ds.data} does not fit this spec: {exc.msg}"
+        raise InvalidSpec(f"{exc.loc}: {msg}", errors=[{"loc": exc.loc, "msg": msg}]) from None
     except (SpecError, ValueError):  # the data's own checks report these
         return None

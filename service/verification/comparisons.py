@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, aliased
 
 from service.auth.tokens import Principal, audit
-from service.config import get_settings
+from service.config import Settings, get_settings
 from service.errors import CheckpointRefused, Conflict, NotFound
 from service.persistence.models import (
     TERMINAL_STATUSES,
@@ -27,7 +27,7 @@ from service.persistence.models import (
 )
 from service.runs.experiments import get_run, reported_image
 from service.schemas import ComparisonReport
-from service.storage import artifacts
+from service.storage import artifacts, code_bundles
 from worker import errors as worker_errors
 from worker.compare.verdict import CheckpointReader, RunRecord, build_report
 from worker.record.checkpoint import read_arrays
@@ -327,7 +327,12 @@ def _worker_name(db: Session, run: Run) -> str | None:
 
 
 def create_refinement(
-    *, db: Session, a_id: int, b_id: int, actor: Principal | None = None
+    *,
+    db: Session,
+    a_id: int,
+    b_id: int,
+    actor: Principal | None = None,
+    settings: Settings | None = None,
 ) -> Refinement:
     """Queue a per-step re-trace of the divergent epoch of two diverged runs.
 
@@ -338,6 +343,10 @@ def create_refinement(
     a, b = get_run(db, a_id), get_run(db, b_id)
     if a.kind != "train" or b.kind != "train":
         raise Conflict("only trainings can be refined, not re-traces")
+    for run in (a, b):
+        code_bundles.check_queueing_allowed(
+            settings or get_settings(), needs_code=run.needs_code, what=f"re-tracing run {run.id}"
+        )
     report = compare_ids(db, a.id, b.id)
     if report["verdict"] != "diverged":
         raise Conflict(f"runs {a.id} and {b.id} are {report['verdict']}; only diverged runs refine")

@@ -29,7 +29,7 @@ from service.errors import Conflict, InvalidQuery, NotFound
 from service.persistence.models import TERMINAL_STATUSES, Run, SpotCheck, Worker, utcnow
 from service.runs import resume_points
 from service.runs.experiments import get_run, reported_image
-from service.storage import artifacts
+from service.storage import artifacts, code_bundles
 from service.verification.comparisons import record_of
 from worker.compare.verdict import RunRecord, build_report
 from worker.errors import CheckpointError, CheckpointRefused
@@ -121,6 +121,9 @@ def request_spot_check(
             f"segments must be 1..{settings.max_spot_check_segments} "
             "(REPRO_MAX_SPOT_CHECK_SEGMENTS)"
         )
+    code_bundles.check_queueing_allowed(
+        settings, needs_code=run.needs_code, what=f"replaying run {run.id}"
+    )
     found = segments_of(kept_points(db, run))
     if not found:
         raise Conflict(f"run {run.id} kept no checkpoint to replay from (REPRO_KEEP_CHECKPOINTS)")

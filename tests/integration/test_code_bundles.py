@@ -113,6 +113,15 @@ REFUSED = {
         "console_scripts",
     ),
     "no components": (make_wheel({"ring_bundle/a.py": b""}, entry_points=""), "no entry point"),
+    # Layers have no group: a custom layer goes in the bundle's architecture.
+    "only unknown groups": (
+        make_wheel(
+            {"ring_bundle/a.py": b""},
+            entry_points="[reprotrain.layers]\nring = ring_bundle.a:Ring\n"
+            "[reprotrain.metrics]\nhits = ring_bundle.a:hits\n",
+        ),
+        "groups 'reprotrain.layers', 'reprotrain.metrics' are not ones a bundle may declare",
+    ),
     "too many files": (
         make_wheel({f"ring_bundle/m{i}.py": b"" for i in range(MAX_FILES + 1)}),
         "REPRO_MAX_CODE_BUNDLE_FILES",

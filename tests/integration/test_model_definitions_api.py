@@ -10,6 +10,7 @@ import io
 import json
 import re
 import subprocess
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,16 @@ def stored_files(service: Service) -> list[Path]:
 def nothing_stored(service: Service) -> bool:
     listed = service.client.get("/api/v1/models").json()
     return listed["total"] == 0 and stored_files(service) == []
+
+
+def run_ids(service: Service) -> list[int]:
+    return [run["id"] for run in service.client.get("/api/v1/runs").json()["items"]]
+
+
+def nothing_submitted(service: Service) -> bool:
+    """No experiment and no run stored."""
+    experiments = service.client.get("/api/v1/experiments").json()["total"]
+    return experiments == 0 and run_ids(service) == []
 
 
 def images(size: int = 32, classes: int = 10) -> bytes:
@@ -224,6 +235,7 @@ def test_unknown_digests_are_refused_at_submit_and_rerun(service: DefinitionsSer
     rerun = service.client.post(f"/api/v1/runs/{run_id}/rerun")
     assert rerun.status_code == 422, rerun.text
     assert digest in rerun.json()["detail"]
+    assert run_ids(service) == [run_id]  # the refused rerun added no run
 
 
 def test_a_definition_the_data_cannot_feed_is_refused_at_submit(service: Service) -> None:
@@ -233,21 +245,30 @@ def test_a_definition_the_data_cannot_feed_is_refused_at_submit(service: Service
     assert refused.status_code == 422, refused.text
     assert "(32, 32, 3); the data gives (16, 16, 3)" in refused.json()["detail"]
     assert refused.json()["errors"][0]["loc"] == "model.definition"
+    assert nothing_submitted(service)
     spec = json.loads(spec_using(sha256(RESNET), service, images(classes=4)))
     spec["dataset"]["params"]["num_classes"] = 4
     refused = service.submit(json.dumps(spec), content_type="application/json")
     assert refused.status_code == 422 and "4 classes" in refused.json()["detail"]
+    assert nothing_submitted(service)
 
 
-def test_the_parameter_limit_is_applied_again_at_submit(tmp_path: Path) -> None:
+def test_the_parameter_limit_is_applied_again_at_submit(
+    tmp_path: Path, database_url: str | None
+) -> None:
     # Pushed under a generous limit, submitted after the operator lowered it.
     data = tmp_path / "data"
-    with_room = Service(data, extra=("--no-demo",)).wait_ready()
+    with_room = Service(data, database_url=database_url, extra=("--no-demo",)).wait_ready()
     try:
         assert push(with_room.client, RESNET).status_code == 201
     finally:
         with_room.stop()
-    strict = Service(data, env={"REPRO_MAX_MODEL_PARAMETERS": "1000"}, extra=("--no-demo",))
+    strict = Service(
+        data,
+        database_url=database_url,
+        env={"REPRO_MAX_MODEL_PARAMETERS": "1000"},
+        extra=("--no-demo",),
+    )
     try:
         strict.wait_ready()
         spec = spec_using(sha256(RESNET), strict)
@@ -255,6 +276,7 @@ def test_the_parameter_limit_is_applied_again_at_submit(tmp_path: Path) -> None:
         assert refused.status_code == 422, refused.text
         assert "274042 parameters" in refused.json()["detail"]
         assert "REPRO_MAX_MODEL_PARAMETERS" in refused.json()["detail"]
+        assert nothing_submitted(strict)
     finally:
         strict.stop()
 
@@ -305,3 +327,44 @@ def test_the_dashboard_shows_models_and_the_layer_table_of_runs(service: Service
             text = browser.get(page).text
             assert f'<a href="/models/{digest}">resnet20</a>' in text, page
             assert "resnet20/logits" in text and "Dense" in text, page
+
+
+def _keras_archive(path: Path) -> Path:
+    """A tiny built model saved as a `.keras` archive, weights and all."""
+    import keras
+
+    inputs = keras.Input((8,), name="features")
+    outputs = keras.layers.Dense(4, name="logits")(keras.layers.Dense(16, name="hidden")(inputs))
+    keras.Model(inputs, outputs, name="tiny").save(path)
+    return path
+
+
+@pytest.mark.parametrize("service", ["sqlite"], indirect=True)
+def test_a_keras_archive_keeps_its_architecture_and_its_weights_are_ignored(
+    service: Service, tmp_path: Path
+) -> None:
+    archive = _keras_archive(tmp_path / "tiny.keras")
+    body = archive.read_bytes()
+    with zipfile.ZipFile(archive) as members:
+        assert "model.weights.h5" in members.namelist()  # it does carry weights
+    pushed = push(service.client, body, name="tiny")
+    assert pushed.status_code == 201, pushed.text
+    record = pushed.json()
+    assert record["format"] == "keras_archive"
+    paths = [layer["path"] for layer in record["layers"]]
+    assert paths == ["tiny/features", "tiny/hidden", "tiny/logits"]
+    assert record["parameter_count"] == 8 * 16 + 16 + 16 * 4 + 4
+    assert "weights in it are ignored" in record["note"]
+    shown = service.client.get(f"/api/v1/models/{sha256(body)}").json()
+    assert shown["layers"] == record["layers"] and shown["note"] == record["note"]
+
+    other = tmp_path / "other.keras"
+    other.write_bytes(body)
+    again = _repro(service, "model", "push", str(other), "--name", "tiny-again")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == sha256(body)
+    assert "weights in it are ignored" in again.stderr
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(RESNET)
+    json_push = _repro(service, "model", "push", str(plain))
+    assert json_push.returncode == 0 and "ignored" not in json_push.stderr

@@ -85,17 +85,30 @@ def test_resnet20_trains_records_its_definition_and_reruns_identical(tmp_path: P
         assert again["verdict"] == "identical"
 
 
-def test_the_text_classifier_trains_on_integer_tokens(tmp_path: Path) -> None:
+def test_the_text_classifier_trains_on_integer_tokens_and_reruns_identical(
+    tmp_path: Path,
+) -> None:
+    # The definition's int32 input keeps the ids integers: no dataset.params.x_dtype needed.
     service = Service(tmp_path / "data", extra=("--no-demo",))
     with running(service, tmp_path / "node") as (svc, _):
         text = (EXAMPLES / "text_classifier.json").read_bytes()
         definition = _push(svc, "models", text, "text-classifier")
         data = _push(svc, "datasets", _npz(*make_datasets.tokens(64)), "tokens")
-        spec = _example_spec(
-            "text_classifier", definition, data, batch_size=8, train_batches=2, eval_batches=1
+        spec = json.loads(
+            _example_spec(
+                "text_classifier", definition, data, batch_size=8, train_batches=2, eval_batches=1
+            )
         )
-        submitted = svc.submit(spec, content_type="application/json")
+        spec["dataset"]["params"].pop("x_dtype", None)
+        submitted = svc.submit(json.dumps(spec), content_type="application/json")
         assert submitted.status_code == 201, submitted.text
-        run = svc.wait_run(submitted.json()["run"]["id"], timeout=600)
+        run_id = submitted.json()["run"]["id"]
+        run = svc.wait_run(run_id, timeout=600)
         assert run["status"] == "succeeded", run["error"]
         assert run["provenance"]["model_definition"]["digest"] == definition
+
+        rerun = svc.client.post(f"/api/v1/runs/{run_id}/rerun")
+        assert rerun.status_code == 202, rerun.text
+        again = svc.wait_run(rerun.json()["id"], timeout=600)
+        assert again["status"] == "succeeded", again["error"]
+        assert again["verdict"] == "identical"

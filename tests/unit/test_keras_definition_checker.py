@@ -201,5 +201,6 @@ def test_the_data_must_fit_the_definition() -> None:
     with pytest.raises(kd.DefinitionRefused, match="10 units; the data has 4 classes"):
         kd.check_fits(info, DataInfo((32, 32, 3), "float32", (), "int32", 4, None))
     text = kd.read_definition((EXAMPLES / "text_classifier.json").read_bytes())
-    with pytest.raises(kd.DefinitionRefused, match="x_dtype: int32"):
+    assert kd.takes_token_ids(text) and not kd.takes_token_ids(info)
+    with pytest.raises(kd.DefinitionRefused, match="store the ids as an integer array"):
         kd.check_fits(text, DataInfo((64,), "float32", (), "int32", 4, None))

@@ -90,3 +90,24 @@ def test_entry_point_plugins_are_discovered(plugins: None) -> None:
 
 def test_a_plugin_cannot_shadow_a_builtin(plugins: None) -> None:
     assert registry.components("generator")["gaussian_blobs"].source == "builtin"
+
+
+LOSS_DECLARED = [{"group": "reprotrain.losses", "name": "ring_loss", "value": "rb.loss:make"}]
+
+
+def test_a_loss_is_known_only_with_the_bundle_that_declares_it() -> None:
+    loss = {**BASE["training"], "loss": {"name": "ring_loss", "params": {"scale": 2.0}}}
+    spec = _spec(training=loss)
+    with registry.bundled_components(LOSS_DECLARED, "sha256:" + "ab" * 32):
+        registry.check_spec(spec)  # known by name, never imported; the job checks its params
+        # A bundle may not shadow a built-in loss: the built-in's params are still checked.
+        builtin = {**BASE["training"], "loss": {"name": "mse", "params": {"scale": 2.0}}}
+        with pytest.raises(SpecError) as bad:
+            registry.check_spec(_spec(training=builtin))
+        assert bad.value.errors[0]["loc"].startswith("training.loss.params")
+    with pytest.raises(UnknownComponentError) as unknown:
+        registry.check_spec(spec)
+    assert unknown.value.errors[0]["loc"] == "training.loss.name"
+    assert "ring_loss" in str(unknown.value) and "sparse_categorical_crossentropy" in str(
+        unknown.value
+    )

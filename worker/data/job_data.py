@@ -14,6 +14,8 @@ from worker.data.batch_source import BatchSource
 from worker.data.stateless_dataset import AUTOTUNE, StatelessRngDataset
 from worker.errors import GeneratorError
 from worker.models import registry
+from worker.models.data_fit import takes_token_ids
+from worker.models.keras_definition import DefinitionInfo
 from worker.spec import ExperimentSpec
 from worker.training.seeds import SeedTuple
 
@@ -38,10 +40,15 @@ def _takes(factory: Callable[..., Any], argument: str) -> bool:
 
 
 def build_job_data(
-    spec: ExperimentSpec, seed: SeedTuple, *, data: dict[str, np.ndarray] | None = None
+    spec: ExperimentSpec,
+    seed: SeedTuple,
+    *,
+    data: dict[str, np.ndarray] | None = None,
+    definition: DefinitionInfo | None = None,
 ) -> JobData:
-    """The job's data; GeneratorError if the generator breaks its contract or the dataset
-    is too small for the spec's batches."""
+    """The job's data (`definition`: the model definition the spec trains, if any);
+    GeneratorError if the generator breaks its contract or the dataset is too small for
+    the spec's batches."""
     ds = spec.dataset
     gen = registry.get_component("generator", ds.generator, loc="dataset.generator")
     factory = gen.load()
@@ -49,11 +56,8 @@ def build_job_data(
     warnings: list[str] = []
     extra: dict[str, Any] = {}
     if _takes(factory, "token_ids"):
-        # Whether the model looks up integer token ids: the architecture says so itself.
-        arch = registry.get_component(
-            "architecture", spec.model.architecture, loc="model.architecture"
-        )
-        extra["token_ids"] = arch.takes_token_ids()
+        # Whether the model looks up integer token ids, by the rule the API checked at submit.
+        extra["token_ids"] = takes_token_ids(spec, definition)
     if _takes(factory, "data"):
         source = factory(params, batch_size=ds.batch_size, data=data, **extra)
     else:

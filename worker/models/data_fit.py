@@ -10,15 +10,38 @@ from worker.data.batch_source import DataInfo
 from worker.data.dataset_format import DatasetInfo
 from worker.errors import ArchitectureError, SpecError, UnknownComponentError
 from worker.models import registry
+from worker.models.keras_definition import DefinitionInfo
+from worker.models.keras_definition import takes_token_ids as definition_takes_token_ids
 from worker.spec import ExperimentSpec
 
 
-def check_data_fit(spec: ExperimentSpec, dataset: DatasetInfo | None = None) -> int | None:
+def takes_token_ids(spec: ExperimentSpec, definition: DefinitionInfo | None = None) -> bool:
+    """Whether the spec's model looks up integer token ids, so integer `x` stays integers:
+    the input dtype of the model definition it trains (`definition`, read from the file the
+    spec names), else what its architecture says. The API's checks and the job both ask this.
+    """
+    if spec.model.definition is not None:
+        return definition is not None and definition_takes_token_ids(definition)
+    try:
+        arch = registry.get_component(
+            "architecture", spec.model.architecture, loc="model.architecture"
+        )
+    except UnknownComponentError:
+        return False  # a code bundle's, not importable here: its job asks it
+    return arch.takes_token_ids()
+
+
+def check_data_fit(
+    spec: ExperimentSpec,
+    dataset: DatasetInfo | None = None,
+    definition: DefinitionInfo | None = None,
+) -> int | None:
     """SpecError naming the field when the data cannot feed the model or cannot serve the
     spec's batches; otherwise the model's parameter count, or None when it is not known.
 
     `dataset` describes the stored dataset `dataset.data` names; without it an `arrays`
-    spec is checked no further than its params.
+    spec is checked no further than its params. `definition` is the model definition the
+    spec trains, when it names one and it is at hand.
     """
     try:
         arch = registry.get_component(
@@ -26,7 +49,7 @@ def check_data_fit(spec: ExperimentSpec, dataset: DatasetInfo | None = None) -> 
         )
     except UnknownComponentError:
         arch = None  # a code bundle's, not importable here: its job checks the rest
-    info = _sample(spec, dataset, token_ids=arch is not None and arch.takes_token_ids())
+    info = _sample(spec, dataset, token_ids=takes_token_ids(spec, definition))
     count = arch.sizer("count_parameters") if arch is not None else None
     if arch is None or info is None or count is None:
         return None

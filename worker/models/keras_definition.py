@@ -610,6 +610,12 @@ def _output_units(config: dict[str, Any]) -> int | None:
     return units if isinstance(units, int) else None
 
 
+def takes_token_ids(info: DefinitionInfo) -> bool:
+    """Whether the definition's input takes integer token ids: its input layer's dtype is
+    not a floating-point one."""
+    return not info.input_dtype.startswith(("float", "bfloat"))
+
+
 def check_fits(info: DefinitionInfo, data: DataInfo) -> None:
     """DefinitionRefused saying why when the data cannot feed the model: one sample's shape,
     integer token ids against a float input, or the output width against the classes."""
@@ -621,12 +627,11 @@ def check_fits(info: DefinitionInfo, data: DataInfo) -> None:
         raise DefinitionRefused(
             f"the model takes samples of shape {shown}; the data gives {got}", path="model"
         )
-    model_ints = not info.input_dtype.startswith(("float", "bfloat"))
     data_ints = not data.x_dtype.startswith(("float", "bfloat"))
-    if model_ints and not data_ints:
+    if takes_token_ids(info) and not data_ints:
         raise DefinitionRefused(
             f"the model takes {info.input_dtype} (token ids) but the data gives {data.x_dtype}; "
-            "for integer data set dataset.params.x_dtype: int32",
+            "store the ids as an integer array (and leave dataset.params.x_dtype unset or int32)",
             path="model",
         )
     if info.output_units is not None and info.output_units != data.output_dim:

@@ -1,8 +1,9 @@
-"""Registries of generators and architectures: built-ins plus Python entry points.
+"""Registries of generators, architectures and losses: built-ins plus Python entry points.
 
-Third parties add components through the entry-point groups `reprotrain.generators`
-and `reprotrain.architectures` of a package installed in the worker image. Names are
-listed without importing anything heavy, so the API can validate specs cheaply.
+Third parties add components through the entry-point groups `reprotrain.generators`,
+`reprotrain.architectures` and `reprotrain.losses` of a package installed in the worker image
+or of a code bundle. Names are listed without importing anything heavy, so the API can
+validate specs cheaply.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from worker.models import keras_definition as kd
 from worker.models import model_size as ms
 from worker.spec import ExperimentSpec, format_validation_error
 
-Kind = Literal["generator", "architecture"]
+Kind = Literal["generator", "architecture", "loss"]
 ENTRY_POINT_GROUPS: dict[Kind, str] = {
     "generator": "reprotrain.generators",
     "architecture": "reprotrain.architectures",
+    # A factory `my_loss(params: dict) -> keras.losses.Loss` (worker.training.losses).
+    "loss": "reprotrain.losses",
 }
 
 
@@ -282,6 +285,18 @@ def get_component(kind: Kind, name: str, *, loc: str = "") -> Component:
     return known[name]
 
 
+def loss_component(name: str) -> Component | None:
+    """None for a built-in loss (`LOSSES`); else the installed plugin's or code bundle's loss
+    of that name, or UnknownComponentError at `training.loss.name` listing every known loss."""
+    if name in LOSSES:
+        return None  # a plugin or bundle may not shadow a built-in loss
+    loc = "training.loss.name"
+    try:
+        return get_component("loss", name, loc=loc)
+    except UnknownComponentError as exc:
+        raise UnknownComponentError("loss", name, [*LOSSES, *exc.known], loc=loc) from None
+
+
 def check_spec(spec: ExperimentSpec) -> None:
     """Raise SpecError if the spec names an unknown component, gives it bad params, or asks
     a worker for more than it gives (`check_resources`)."""
@@ -291,26 +306,27 @@ def check_spec(spec: ExperimentSpec) -> None:
     arch = get_component("architecture", spec.model.architecture, loc="model.architecture")
     arch.validate_params(spec.model.params, loc="model.params")
     kd.check_spec_fields(spec.model.architecture, spec.model.definition)
-    named = (
-        ("optimizer", spec.training.optimizer.name, OPTIMIZERS, "training.optimizer.name"),
-        ("loss", spec.training.loss.name, LOSSES, "training.loss.name"),
-    )
-    for kind, name, table, loc in named:
-        if name not in table:
-            raise UnknownComponentError(kind, name, list(table), loc=loc)
     opt, loss = spec.training.optimizer, spec.training.loss
+    if opt.name not in OPTIMIZERS:
+        raise UnknownComponentError(
+            "optimizer", opt.name, list(OPTIMIZERS), loc="training.optimizer.name"
+        )
     cp.validate(
         cp.OPTIMIZER_PARAMS[OPTIMIZERS[opt.name]],
         opt.params,
         loc="training.optimizer.params",
         what=f"optimizer {opt.name!r}",
     )
-    cp.validate(
-        cp.LOSS_PARAMS[LOSSES[loss.name]],
-        loss.params,
-        loc="training.loss.params",
-        what=f"loss {loss.name!r}",
-    )
+    custom_loss = loss_component(loss.name)
+    if custom_loss is not None:
+        custom_loss.validate_params(loss.params, loc="training.loss.params")
+    else:
+        cp.validate(
+            cp.LOSS_PARAMS[LOSSES[loss.name]],
+            loss.params,
+            loc="training.loss.params",
+            what=f"loss {loss.name!r}",
+        )
     for i, metric in enumerate(spec.training.metrics):
         if metric not in METRICS:
             raise UnknownComponentError(

@@ -17,13 +17,14 @@ from worker.data.job_data import build_job_data
 from worker.data.stateless_dataset import StatelessRngDataset, stateful_random_ops_in
 from worker.errors import ArchitectureError, GeneratorError
 from worker.models import registry
-from worker.models.keras_definition import read_definition
+from worker.models.keras_definition import DefinitionInfo, DefinitionRefused, read_definition
 from worker.models.model_size import check_parameter_limit
 from worker.record.fingerprint import fingerprint_state
 from worker.record.trace import PointKind, TracePoint
 from worker.record.variable_reads import training_state
 from worker.spec import ExperimentSpec
 from worker.training import determinism
+from worker.training.losses import loss_maker
 from worker.training.mirrored_steps import MirroredSteps
 from worker.training.replicas import Placement
 from worker.training.seeds import SeedTuple
@@ -65,7 +66,9 @@ class Job:
     ) -> None:
         self.spec, self.seed = spec, seed
         self.placement = placement or Placement(1, [], "default")
-        job_data = build_job_data(spec, seed, data=data)
+        job_data = build_job_data(
+            spec, seed, data=data, definition=_definition_info(spec, model_definition)
+        )
         source = job_data.source
         self.data: StatelessRngDataset = job_data.train
         self.eval_data: StatelessRngDataset | None = job_data.eval
@@ -106,12 +109,11 @@ class Job:
                 }
             )
             self.optimizer.build(self.model.trainable_variables)
-        loss_config = {"class_name": registry.LOSSES[tr.loss.name], "config": tr.loss.params}
-        self.loss_fn = keras.losses.get(loss_config)
+        make_loss = loss_maker(tr.loss.name, tr.loss.params)
+        self.loss_fn = make_loss(None)
         self.state = training_state(self.model, self.optimizer)
         self.train_metrics = self._metrics("")
         self.eval_metrics = self._metrics("eval_")
-        step_fn: Callable[[Any, Any], Any] = self._train_step
         if strategy is None:
             self.train_step = tf.function(self._train_step, reduce_retracing=True)
             self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
@@ -120,28 +122,30 @@ class Job:
                 placement=self.placement,
                 model=self.model,
                 optimizer=self.optimizer,
-                loss_config=loss_config,
+                make_loss=make_loss,
                 batch_size=spec.dataset.batch_size,
                 update_train_metrics=lambda loss, y, out: self._update(
                     self.train_metrics, loss, y, out
                 ),
                 eval_step=self._eval_step,
             )
-            step_fn = steps.train_step
             self.train_step = tf.function(steps.train_step, reduce_retracing=True)
             self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
         # Several steps per compiled call (`training.steps_per_execution`), in a loop.
         self.looped_steps = LoopedSteps(self.train_step, self.data.name)
-        self._step_fn = step_fn
 
     def stateful_random_ops(self) -> list[str]:
-        """Stateful RNG ops in the compiled training and evaluation steps, found by tracing
-        them once more in a throwaway function (the real ones are traced as they run)."""
+        """Stateful RNG ops in the compiled training and evaluation steps.
+
+        Read from the steps' own traces for a batch like the job's (the pre-flight has
+        made them already; else this makes the ones training then calls), not from a
+        throwaway trace, which cost a second trace of the model before the first step.
+        """
         found: set[str] = set()
-        for step, data in ((self._step_fn, self.data), (self._eval_step, self.eval_data)):
+        for step, data in ((self.train_step, self.data), (self.eval_step, self.eval_data)):
             if data is not None:
-                x, y = _xy(data.as_dataset().element_spec, self.data.name)
-                graph = tf.function(step).get_concrete_function(x, y).graph
+                x, y = _xy(data.make_batch(0), self.data.name)
+                graph = step.get_concrete_function(x, y).graph
                 found.update(stateful_random_ops_in(graph.as_graph_def()))
         return sorted(found)
 
@@ -184,6 +188,17 @@ class Job:
         return TracePoint(
             kind=kind, epoch=epoch, step=step, fingerprint=fp.fingerprint, variables=fp.variables
         )
+
+
+def _definition_info(spec: ExperimentSpec, definition: bytes | None) -> DefinitionInfo | None:
+    """What the model definition the spec trains is (its input dtype decides whether integer
+    data stays token ids); None when it trains none."""
+    if spec.model.definition is None or definition is None:
+        return None
+    try:
+        return read_definition(definition)
+    except DefinitionRefused as exc:
+        raise ArchitectureError(f"model definition refused: {exc}") from None
 
 
 def _model_builder(

@@ -28,16 +28,14 @@ class MirroredSteps:
         placement: Placement,
         model: keras.Model,
         optimizer: Any,
-        loss_config: dict[str, Any],
+        make_loss: Callable[[str | None], Any],
         batch_size: int,
         update_train_metrics: UpdateMetrics,
         eval_step: Callable[[Any, Any], None],
     ) -> None:
         self.placement, self.model, self.optimizer = placement, model, optimizer
-        self.loss_values = keras.losses.get(
-            {**loss_config, "config": {**loss_config["config"], "reduction": "none"}}
-        )
-        self.reduction = str(keras.losses.get(loss_config).reduction)
+        self.loss_values = make_loss("none")
+        self.reduction = str(make_loss(None).reduction)
         self.batch_size = batch_size
         self.bounds: Sequence[tuple[int, int]] = row_bounds(batch_size, placement.replicas)
         self._update_train_metrics = update_train_metrics

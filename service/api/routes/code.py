@@ -92,8 +92,9 @@ async def push(
     Kept only if its SHA-256 equals `X-Content-SHA256` (400) and it is a valid wheel: a zip
     of at most `REPRO_MAX_CODE_BUNDLE_FILES` files inflating to at most
     `REPRO_MAX_CODE_BUNDLE_INFLATED_BYTES`, no absolute or `..` paths or links, every file
-    matching its RECORD digest, entry points only in the `reprotrain.*` groups (422 with the
-    reason otherwise, nothing stored). Past `REPRO_MAX_CODE_BUNDLE_BYTES`: 413. With
+    matching its RECORD digest, entry points only in the `reprotrain.generators`,
+    `.architectures` and `.losses` groups (422 with the reason, naming any other group,
+    otherwise; nothing stored). Past `REPRO_MAX_CODE_BUNDLE_BYTES`: 413. With
     `REPRO_ALLOW_CODE_BUNDLES=false`: 422. Pushing bytes already stored answers 200.
     """
     code_bundles.check_allowed(settings)

@@ -70,10 +70,14 @@ def compare_many(
     response_model=RefinementOut,
     responses=errors(400, 404, 409, 413, 422),
 )
-def refine(body: RefineIn, db: SessionDep, principal: SubmitAccess) -> RefinementOut:
+def refine(
+    body: RefineIn, db: SessionDep, settings: SettingsDep, principal: SubmitAccess
+) -> RefinementOut:
     """Re-run the divergent epoch of two diverged runs step by step, each on its own worker,
     from their last identical checkpoint, to find the first divergent step."""
-    found = comparisons.create_refinement(db=db, a_id=body.a, b_id=body.b, actor=principal)
+    found = comparisons.create_refinement(
+        db=db, a_id=body.a, b_id=body.b, actor=principal, settings=settings
+    )
     return RefinementOut.model_validate(comparisons.refinement_view(db, found))
 
 

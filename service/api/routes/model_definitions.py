@@ -35,6 +35,7 @@ def _detail(db: Session, definition: ModelDefinition) -> ModelDefinitionDetail:
         **ModelDefinitionOut.model_validate(definition).model_dump(),
         layers=[ModelLayer.model_validate(layer) for layer in definition.layers],
         **stored.used_by(definitions.STORE, db, definition, prefix="models"),
+        note=definitions.ARCHIVE_NOTE if definition.format == "keras_archive" else None,
     )
 
 
