@@ -216,3 +216,23 @@ def running(service: Service, *workers_dirs: Path) -> Iterator[tuple[Service, li
         for w in workers:
             w.stop()
         service.stop()
+
+
+@contextmanager
+def trusting_service(root: Path) -> Iterator[Service]:
+    """A ready service (no demo) under `root` and one worker that accepts code bundles
+    (`--trust-code`), registered before the service is handed over; both stopped after."""
+    svc = Service(root / "data", extra=("--no-demo",)).wait_ready()
+    agent = WorkerProc(
+        svc.url,
+        root / "agent",
+        token=svc.token("worker", "trusted"),
+        name=f"trusted-{root.name}",
+        extra=("--trust-code",),
+    )
+    try:
+        agent.worker_id()
+        yield svc
+    finally:
+        agent.stop()
+        svc.stop()

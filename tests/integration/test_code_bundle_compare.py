@@ -17,27 +17,15 @@ import httpx
 import pytest
 
 from tests.code_wheels import ring_bundle, ring_spec
-from tests.integration.service_procs import Service, WorkerProc
+from tests.integration.service_procs import Service, trusting_service
 
 pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path / "data", extra=("--no-demo",)).wait_ready()
-    agent = WorkerProc(
-        svc.url,
-        tmp_path / "agent",
-        token=svc.token("worker", "trusted"),
-        name=f"trusted-{tmp_path.name}",
-        extra=("--trust-code",),
-    )
-    try:
-        agent.worker_id()
+    with trusting_service(tmp_path) as svc:
         yield svc
-    finally:
-        agent.stop()
-        svc.stop()
 
 
 def push(svc: Service, body: bytes) -> str:

@@ -21,7 +21,7 @@ import pytest
 from service.client import Client
 from tests.cli_runner import repro
 from tests.code_wheels import DATA_PY, MODEL_PY, make_wheel, ring_spec
-from tests.integration.service_procs import Service, WorkerProc
+from tests.integration.service_procs import Service, trusting_service
 
 pytestmark = [pytest.mark.slow]
 
@@ -63,21 +63,8 @@ test_scaled_ce = ring_bundle.loss:scaled_crossentropy
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    root = tmp_path_factory.mktemp("code-push")
-    svc = Service(root / "data", extra=("--no-demo",)).wait_ready()
-    agent = WorkerProc(
-        svc.url,
-        root / "agent",
-        token=svc.token("worker", "trusted"),
-        name=f"trusted-{root.name}",
-        extra=("--trust-code",),
-    )
-    try:
-        agent.worker_id()
+    with trusting_service(tmp_path_factory.mktemp("code-push")) as svc:
         yield svc
-    finally:
-        agent.stop()
-        svc.stop()
 
 
 def cli(service: Service, *args: str) -> str:
