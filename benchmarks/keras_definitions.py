@@ -220,7 +220,7 @@ def measure(quick: bool) -> list[Row]:
         met = f.wall_s / j.wall_s >= WALL_TARGET
         rows.append(
             Row(
-                section="keras",
+                section="resnet",
                 benchmark="model definition: whole process vs a model.fit script",
                 configuration=f"{shape}, {epochs} epochs, {what}, start to exit",
                 unit="s",
@@ -235,7 +235,7 @@ def measure(quick: bool) -> list[Row]:
     worst = max(share, share_n)
     rows.append(
         Row(
-            section="keras",
+            section="resnet",
             benchmark="model definition: verification share of training",
             configuration=f"{shape}: trace points, epoch checkpoints, data fingerprints "
             f"(one step a call {share:.2%}, {n} steps a call {share_n:.2%})",
@@ -255,7 +255,7 @@ def _speed_row(configuration: str, job: Speed, fit: Speed, target: float | None)
     ratio = job.steps_per_s / fit.steps_per_s
     met = None if target is None else ratio >= target
     return Row(
-        section="keras",
+        section="resnet",
         benchmark="model definition: job steps/s vs plain Keras",
         configuration=configuration + ", op determinism on",
         unit="steps/s",

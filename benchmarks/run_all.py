@@ -82,6 +82,12 @@ def _fingerprint(quick: bool) -> list[Row]:
     return run_child("benchmarks.fingerprinting", *(["--quick"] if quick else []))
 
 
+def _resnet(quick: bool) -> list[Row]:
+    from benchmarks import keras_definitions
+
+    return keras_definitions.measure(quick)
+
+
 def _training(quick: bool) -> list[Row]:
     from benchmarks import training_cost
 
@@ -160,6 +166,7 @@ SECTIONS = {
     "arrays": Section("the arrays generator vs tf.data shuffle + augmentation", _arrays),
     # keras before training: training reads the jobs the keras section ran (SHARED_JOBS).
     "keras": Section("a job's steps/s against plain Keras model.fit", _keras),
+    "resnet": Section("ResNet-20 as a model definition against model.fit", _resnet),
     "training": Section("2. op determinism on/off and 3b. trace share", _training),
     "fingerprint": Section("3a. fingerprinting, 1 MB to 1 GB", _fingerprint),
     "replicas": Section("2 replicas vs 1, and step checkpoints every 50 steps", _replicas),
@@ -180,6 +187,7 @@ ROW_ORDER = (
     "fingerprint",
     "trace",
     "keras",
+    "resnet",
     "replicas",
     "service",
     "api",

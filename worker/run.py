@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -451,5 +453,17 @@ def main(argv: list[str] | None = None) -> int:
     return _exit_code(result)
 
 
+def exit_now(code: int) -> None:
+    """End the job's process with `code` once its result and output are out, skipping the
+    interpreter's teardown of TensorFlow and every module (about 0.7 s a job on 2 cores,
+    waited for by whoever collects the result). Exit handlers still run."""
+    atexit._run_exitfuncs()  # what finalization would run first (a bundle's directory, ...)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

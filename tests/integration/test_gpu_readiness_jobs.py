@@ -55,8 +55,9 @@ def test_tf32_off_and_default_both_train_record_it_and_compare_names_it(tmp_path
     assert any(d["path"] == "determinism.tf32" for d in report["spec_diff"])
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_a_step_refused_under_op_determinism_fails_before_training_naming_the_layer(
-    tmp_path: Path,
+    tmp_path: Path, steps_per_execution: int
 ) -> None:
     site = tmp_path / "site"
     info = site / "clock_plugin-1.0.dist-info"
@@ -67,6 +68,8 @@ def test_a_step_refused_under_op_determinism_fails_before_training_naming_the_la
     )
     (site / "clock_plugin.py").write_text(CLOCK_MODULE)
     spec = _small(model={"architecture": "clock_mlp", "params": {}})
+    # Several steps a call: the pre-flight runs the loop the epochs call, once.
+    spec["training"] = {**spec["training"], "steps_per_execution": steps_per_execution}
     done = run_job(spec, tmp_path / "job", extra_paths=[site])
     assert done.returncode != 0
     error = done.result.error

@@ -292,3 +292,36 @@ def test_operator_limit_on_model_parameters_fails_the_job_clearly(tmp_path: Path
     assert run.returncode == 1 and run.result.error is not None
     assert run.result.error.type == "ArchitectureError"
     assert "parameters; this server allows at most 100" in run.result.error.message
+
+
+def test_a_job_ends_without_the_teardown_yet_with_its_output_and_exit_handlers(
+    tmp_path: Path,
+) -> None:
+    """The job's process skips the interpreter's teardown, not what must happen first: its
+    last progress event is out, its exit code says how it ended, and exit handlers ran (the
+    private directory a code bundle was installed into is gone)."""
+    import hashlib
+
+    import yaml
+
+    from tests.code_wheels import ring_bundle, ring_spec
+
+    wheel = ring_bundle()
+    code_file = tmp_path / "code" / "ring_bundle-1.0-py3-none-any.whl"
+    code_file.parent.mkdir()
+    code_file.write_bytes(wheel)
+    spec = yaml.safe_load(ring_spec("sha256:" + hashlib.sha256(wheel).hexdigest()))
+    spec["training"]["epochs"] = 1
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    run = run_job(
+        spec,
+        tmp_path / "job",
+        "--code-file",
+        str(code_file),
+        env={"TMPDIR": str(private_tmp)},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.result.status == "succeeded"
+    assert run.events[-1]["event"] == "finished" and run.events[-1]["status"] == "succeeded"
+    assert list(private_tmp.iterdir()) == []

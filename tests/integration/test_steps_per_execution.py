@@ -102,3 +102,13 @@ def test_one_step_per_execution_is_the_spec_as_it_always_was(tmp_path: Path) -> 
     # One step a call fingerprints the data as it is consumed, calls of several steps by
     # generating it again: the same values.
     assert looped.data_fingerprints == one.data_fingerprints
+    # Both take them as the batches are consumed; the classic loop generates them again.
+    classic = run_job(spec, tmp_path / "classic", "--classic-loop").result
+    assert looped.data_fingerprints == classic.data_fingerprints
+    assert looped.eval_data_fingerprint == one.eval_data_fingerprint
+    assert one.eval_data_fingerprint == classic.eval_data_fingerprint
+    # Each compiles what its epochs call, and the evaluation step, once: the pre-flight and
+    # the check for stateful RNG ops use those traces. The loop traces the single step
+    # inside it, but never compiles it on its own as well.
+    assert one.timings["traces"] == 2
+    assert looped.timings["traces"] == 3

@@ -82,7 +82,7 @@ class StatelessRngDataset:
         forbid_stateful_rng: bool = False,
         name: str | None = None,
         pass_epoch_seed: bool = False,
-        _traced: tuple[Any, list[str]] | None = None,
+        _traced: tuple[Any, list[str], Any] | None = None,
     ) -> None:
         if batch_size < 1 or num_batches < 1:
             raise ValueError("batch_size and num_batches must be positive")
@@ -107,7 +107,7 @@ class StatelessRngDataset:
             # A copy for another epoch, shard or stream (`_replace`): the same generator,
             # already traced and inspected. Tracing it again cost a small CNN's job about
             # a tenth of each epoch.
-            self._generator, self.stateful_random_ops = _traced
+            self._generator, self.stateful_random_ops, self.output_spec = _traced
         else:
             epoch_spec = (
                 [tf.TensorSpec([2], tf.int64, name="epoch_seed")] if pass_epoch_seed else []
@@ -122,7 +122,7 @@ class StatelessRngDataset:
                 jit_compile=xla_compile_generator,
                 reduce_retracing=True,
             )
-            self.stateful_random_ops = self._inspect()
+            self.stateful_random_ops, self.output_spec = self._inspect()
         if self.stateful_random_ops and forbid_stateful_rng:
             raise GeneratorError(
                 self.name,
@@ -131,8 +131,9 @@ class StatelessRngDataset:
             )
         self._prefix_seed = self._derive_prefix_seed()
 
-    def _inspect(self) -> list[str]:
-        """Trace the generator once: check its output structure and find stateful RNG ops."""
+    def _inspect(self) -> tuple[list[str], Any]:
+        """Trace the generator once: check its output structure, find stateful RNG ops, and
+        give a batch's structure of TensorSpecs (the leading dimension unknown)."""
         try:
             concrete = self._generator.get_concrete_function()
         except Exception as exc:
@@ -150,7 +151,10 @@ class StatelessRngDataset:
                     f"returned a scalar {leaf.dtype.name}; every output needs a "
                     "leading batch dimension",
                 )
-        return ops
+        spec = tf.nest.map_structure(
+            lambda t: tf.TensorSpec(t.shape, t.dtype), concrete.structured_outputs
+        )
+        return ops, spec
 
     def _derive_prefix_seed(self) -> np.ndarray:
         # Everything but the batch id is fixed per dataset: fold it once, outside the map.
@@ -195,7 +199,7 @@ class StatelessRngDataset:
             self.xla_compile_generator,
             self.pass_epoch_seed,
         ):
-            args["_traced"] = (self._generator, self.stateful_random_ops)
+            args["_traced"] = (self._generator, self.stateful_random_ops, self.output_spec)
         return StatelessRngDataset(self._raw_generator, **args)
 
     def batch_seed(self, batch_id: int | tf.Tensor) -> tf.Tensor:

@@ -28,7 +28,7 @@ from worker.training.losses import loss_maker
 from worker.training.mirrored_steps import MirroredSteps
 from worker.training.replicas import Placement
 from worker.training.seeds import SeedTuple
-from worker.training.step_loop import LoopedSteps
+from worker.training.step_loop import LoopedSteps, is_xy_pair
 from worker.training.step_loop import xy as _xy
 
 
@@ -132,21 +132,70 @@ class Job:
             self.train_step = tf.function(steps.train_step, reduce_retracing=True)
             self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
         # Several steps per compiled call (`training.steps_per_execution`), in a loop.
-        self.looped_steps = LoopedSteps(self.train_step, self.data.name)
+        # A batch of exactly (x, y) is digested as a step consumes it: one step per call
+        # sees it in Python, a loop of several returns the batches it took.
+        self.digests_batches = is_xy_pair(self.data.output_spec)
+        # Held-out batches are digested as evaluated when they come in batch-id order, as
+        # their fingerprint reads them.
+        evaluated = self.eval_data
+        self.digests_eval = (
+            evaluated is not None
+            and not evaluated.stateful_random_ops
+            and (evaluated.deterministic_order or not evaluated.num_parallel_calls)
+            and is_xy_pair(evaluated.output_spec)
+        )
+        self.looped_steps = LoopedSteps(
+            self.train_step, self.data.name, keep_batches=self.digests_batches
+        )
+
+    def steps_per_call(self) -> tuple[int, str | None]:
+        """The spec's steps per compiled call, or 1 and why where steps need Python between
+        them (callbacks after every step, data fingerprinted batch by batch)."""
+        n = self.spec.training.steps_per_execution
+        if n > 1 and getattr(self.model, "training_callbacks", None):
+            return 1, "the model's training callbacks run after every step"
+        if n > 1 and self.data.stateful_random_ops:
+            return 1, "the data is fingerprinted batch by batch as it is consumed"
+        return n, None
+
+    def first_training_call(self) -> Callable[[], Any]:
+        """One call of the compiled training function the epochs will use, on batch 0: the
+        single step, or the loop of several steps run once (its own compile then serves
+        the epochs, where the single step would be compiled for nothing)."""
+        if self.steps_per_call()[0] > 1:
+            first = self.data.as_dataset().take(1)  # the epochs' element spec: no retrace
+            return lambda: self.looped_steps(iter(first), 1)
+        x, y = _xy(self.data.make_batch(0), self.data.name)
+        return lambda: self.train_step(x, y)
+
+    def trace_count(self) -> int:
+        """How many times the compiled training and evaluation functions were traced: each
+        trace is a compile the job waited for (the single step traced inside the loop of
+        several steps counts too)."""
+        functions = (self.train_step, self.looped_steps.function, self.eval_step)
+        return sum(int(f.experimental_get_tracing_count()) for f in functions)
 
     def stateful_random_ops(self) -> list[str]:
-        """Stateful RNG ops in the compiled training and evaluation steps.
+        """Stateful RNG ops in the compiled training and evaluation functions the job runs.
 
-        Read from the steps' own traces for a batch like the job's (the pre-flight has
-        made them already; else this makes the ones training then calls), not from a
-        throwaway trace, which cost a second trace of the model before the first step.
+        Read from their own traces (the pre-flight has made them already; else this makes
+        the ones training then calls), not from a throwaway trace, which cost a second
+        trace of the model before the first step.
         """
+        graphs = []
+        if self.steps_per_call()[0] > 1:
+            first = iter(self.data.as_dataset().take(1))
+            k = tf.constant(1, tf.int32)
+            graphs.append(self.looped_steps.function.get_concrete_function(first, k).graph)
+        else:
+            x, y = _xy(self.data.make_batch(0), self.data.name)
+            graphs.append(self.train_step.get_concrete_function(x, y).graph)
+        if self.eval_data is not None:
+            x, y = _xy(self.eval_data.make_batch(0), self.eval_data.name)
+            graphs.append(self.eval_step.get_concrete_function(x, y).graph)
         found: set[str] = set()
-        for step, data in ((self.train_step, self.data), (self.eval_step, self.eval_data)):
-            if data is not None:
-                x, y = _xy(data.make_batch(0), self.data.name)
-                graph = step.get_concrete_function(x, y).graph
-                found.update(stateful_random_ops_in(graph.as_graph_def()))
+        for graph in graphs:
+            found.update(stateful_random_ops_in(graph.as_graph_def()))
         return sorted(found)
 
     def _metrics(self, prefix: str) -> list[keras.metrics.Metric]:

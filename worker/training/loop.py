@@ -27,7 +27,7 @@ from worker.training.progress import ProgressReporter
 from worker.training.replicas import place_replicas
 from worker.training.seeds import SeedTuple
 from worker.training.step_loop import batches as _batches
-from worker.training.step_loop import epoch_steps, is_xy_pair
+from worker.training.step_loop import epoch_steps
 
 
 @dataclass
@@ -199,19 +199,19 @@ class _Training:
         self.checkpoint_dir = options.checkpoint_dir
         self.step_every = tr.checkpoint_every_steps if self.checkpoint_dir is not None else None
         self.resumed_meta: dict[str, Any] | None = None
-        # A stateless generator gives the same batches when an epoch is generated again, so its
-        # data fingerprints are computed after training. A generator with stateful RNG ops does
-        # not: its fingerprints are taken from the batches training actually consumed.
+        # A generator with stateful RNG ops gives other batches when an epoch is generated
+        # again: its fingerprints can only come from the batches training consumed.
         self.in_loop_data = bool(job.data.stateful_random_ops)
         self.consumed: list[dict[str, Any]] = []
+        self.eval_digest: str | None = None  # the held-out batches' fingerprint, as read
         self.reseed_tf = self._reseed_policy()
         self.steps_per_call = self._steps_per_call_policy()
-        # One step per call sees every batch in Python: its data fingerprint is taken as it
-        # is consumed (the same values regenerating the epoch gives), not by generating every
-        # epoch again after training. Calls of several steps leave that to `finish`.
-        self.digest_consumed = self.in_loop_data or (
-            self.steps_per_call == 1 and is_xy_pair(job.data.as_dataset().element_spec)
-        )
+        # Stateless batches are digested as consumed too (the values generating an epoch
+        # again gives), which spares `finish` generating every epoch again. The classic loop
+        # still does that, as jobs once did: a test holds the two ways to the same values.
+        fresh = not options.classic
+        self.digest_consumed = self.in_loop_data or (fresh and job.digests_batches)
+        self.digest_eval = fresh and job.digests_eval
 
     def _reseed_policy(self) -> bool:
         """Whether each epoch reseeds TensorFlow (recorded, with a warning for compiled RNG)."""
@@ -358,19 +358,12 @@ class _Training:
 
     def _steps_per_call_policy(self) -> int:
         """The spec's steps per call, or 1 (with a warning) where steps need Python between them."""
-        n = self.spec.training.steps_per_execution
-        why = (
-            "the model's training callbacks run after every step"
-            if self.callbacks
-            else "the data is fingerprinted batch by batch as it is consumed"
-            if self.in_loop_data
-            else None
-        )
-        if n > 1 and why is not None:
+        n, why = self.job.steps_per_call()
+        if why is not None:
             self.out.warnings.append(
-                f"training.steps_per_execution {n} ran as 1 step per call: {why}"
+                f"training.steps_per_execution {self.spec.training.steps_per_execution} "
+                f"ran as 1 step per call: {why}"
             )
-            return 1
         return n
 
     def _steps_to_boundary(self, step: int) -> int:
@@ -438,8 +431,18 @@ class _Training:
         job = self.job
         row: dict[str, Any] = {"epoch": epoch, "step": self.step, **_read(job.train_metrics)}
         if job.eval_data is not None:
-            for x, y in _batches(pipelines.evaluation(job.eval_data), job.data.name):
+            # The held-out batches are the same every epoch: the first evaluation digests
+            # them as it reads them, so `finish` need not generate them again.
+            digest = StreamDigest() if self.eval_digest is None and self.digest_eval else None
+            for i, (x, y) in enumerate(
+                _batches(pipelines.evaluation(job.eval_data), job.data.name)
+            ):
+                if digest is not None:
+                    digest.add_array(f"{i}/0", np.asarray(x))
+                    digest.add_array(f"{i}/1", np.asarray(y))
                 job.eval_step(x, y)
+            if digest is not None:
+                self.eval_digest = digest.hexdigest()
             row.update(_read(job.eval_metrics))
         return row
 
@@ -498,8 +501,9 @@ class _Training:
         t_data = time.monotonic()
         out.data_fingerprints = self.consumed if self.in_loop_data else self._data_fingerprints()
         if job.eval_data is not None:
-            out.eval_data_fingerprint = job.eval_data.data_fingerprint()
+            out.eval_data_fingerprint = self.eval_digest or job.eval_data.data_fingerprint()
         self.timings["data_fingerprints"] = time.monotonic() - t_data
+        self.timings["traces"] = job.trace_count()
         out.timings = {k: round(v, 6) for k, v in self.timings.items()}
         out.model = job.model
         return out

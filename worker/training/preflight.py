@@ -159,17 +159,17 @@ def spec_error(message: str, *, model: Any, which: str) -> SpecError | None:
 
 
 def run_steps(
-    *, model: Any, variables: list[Any], steps: list[tuple[str, Callable[..., Any], Any]]
+    *, model: Any, variables: list[Any], steps: list[tuple[str, Callable[[], Any]]]
 ) -> None:
-    """Call each (name, step, (x, y)) once, then put `variables` back as they were; an op
-    refused under op determinism raises SpecError naming it and its layer."""
+    """Call each (name, call) once, then put `variables` back as they were; an op refused
+    under op determinism raises SpecError naming it and its layer."""
     import tensorflow as tf
 
     saved = [v.numpy() for v in variables]
     try:
-        for which, step, (x, y) in steps:
+        for which, call in steps:
             try:
-                step(x, y)
+                call()
             except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError) as exc:
                 error = spec_error(str(exc.message), model=model, which=which)
                 if error is None:
@@ -181,15 +181,16 @@ def run_steps(
 
 
 def check_steps(job: Any) -> None:
-    """Run the job's training and evaluation steps once on their first batch, restoring every
-    variable (model, optimizer, metrics) after; a refused op raises SpecError."""
+    """Run the job's training function (the one its epochs call) and evaluation step once
+    on their first batch, restoring every variable (model, optimizer, metrics) after; a
+    refused op raises SpecError."""
     from worker.training.step_loop import xy
 
     variables = [v for _, v in job.state]
     for metric in job.train_metrics + job.eval_metrics:
         variables += list(metric.variables)
-    steps = [("training", job.train_step, xy(job.data.make_batch(0), job.data.name))]
+    steps: list[tuple[str, Callable[[], Any]]] = [("training", job.first_training_call())]
     if job.eval_data is not None:
-        batch = xy(job.eval_data.make_batch(0), job.eval_data.name)
-        steps.append(("evaluation", job.eval_step, batch))
+        x, y = xy(job.eval_data.make_batch(0), job.eval_data.name)
+        steps.append(("evaluation", lambda: job.eval_step(x, y)))
     run_steps(model=job.model, variables=variables, steps=steps)

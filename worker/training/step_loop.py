@@ -80,26 +80,42 @@ def next_xy(iterator: Any, generator: str) -> tuple[Any, Any]:
 
 class LoopedSteps:
     """A compiled function running k steps of the compiled `step_fn` on batches from an
-    iterator."""
+    iterator; with `keep_batches`, it also returns the k (x, y) it consumed, stacked, so
+    their data fingerprint is taken as consumed rather than by generating them again."""
 
-    def __init__(self, step_fn: Callable[[Any, Any], Any], generator: str) -> None:
+    def __init__(
+        self, step_fn: Callable[[Any, Any], Any], generator: str, *, keep_batches: bool = False
+    ) -> None:
         self.generator = generator
+        self.keep_batches = keep_batches
         self._step_fn = step_fn
         self.function = tf.function(self._steps)
 
-    def _steps(self, iterator: Any, k: tf.Tensor) -> tf.Tensor:
-        def body(i: tf.Tensor, _: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _steps(self, iterator: Any, k: tf.Tensor) -> Any:
+        x_spec, y_spec = xy(iterator.element_spec, self.generator)
+        kept = (
+            (
+                tf.TensorArray(x_spec.dtype, size=k, element_shape=x_spec.shape),
+                tf.TensorArray(y_spec.dtype, size=k, element_shape=y_spec.shape),
+            )
+            if self.keep_batches
+            else ()
+        )
+
+        def body(i: tf.Tensor, _: tf.Tensor, *kept: Any) -> tuple[Any, ...]:
             x, y = xy(iterator.get_next(), self.generator)
             # The loss only reports progress; a float32 scalar whatever the model's dtype.
             loss = tf.reduce_mean(tf.cast(self._step_fn(x, y), tf.float32))
-            return i + 1, loss
+            if kept:
+                kept = (kept[0].write(i, x), kept[1].write(i, y))
+            return (i + 1, loss, *kept)
 
-        _, loss = tf.while_loop(
-            lambda i, _: i < k, body, (tf.constant(0, tf.int32), tf.constant(0.0, tf.float32))
-        )
-        return loss
+        start = (tf.constant(0, tf.int32), tf.constant(0.0, tf.float32), *kept)
+        _, loss, *ended = tf.while_loop(lambda i, *_: i < k, body, start)
+        return (loss, ended[0].stack(), ended[1].stack()) if ended else loss
 
     def __call__(self, iterator: Any, k: int) -> Any:
+        """The loss of the last step (and, with `keep_batches`, the stacked xs and ys)."""
         try:
             return self.function(iterator, tf.constant(k, tf.int32))
         except tf.errors.OpError as exc:
@@ -127,9 +143,10 @@ def epoch_steps(
 
     `iterator` gives the epoch's batches from `first_batch` on (it may go on into the next
     epochs': exactly `num_batches - first_batch` are taken). `looped` None runs one step per
-    call of `single`, feeding `digest` the batches when there is one. Otherwise every call
-    goes through `looped`: `steps_per_call` steps, or fewer where the next boundary
-    (`steps_to_boundary(step)`) or the epoch's end comes first.
+    call of `single`. Otherwise every call goes through `looped`: `steps_per_call` steps, or
+    fewer where the next boundary (`steps_to_boundary(step)`) or the epoch's end comes
+    first. Either way `digest`, when there is one, is fed the batches as they are consumed
+    (`looped` must then keep its batches).
     """
     if looped is None:
         for batch in range(first_batch + 1, num_batches + 1):
@@ -145,5 +162,12 @@ def epoch_steps(
     while batch < num_batches:
         k = min(num_batches - batch, steps_to_boundary(step), steps_per_call)
         loss = looped(iterator, k)
+        if looped.keep_batches:
+            loss, xs, ys = loss
+            if digest is not None:
+                xs, ys = np.asarray(xs), np.asarray(ys)
+                for j in range(k):
+                    digest.add_array(f"{batch + j}/0", xs[j])
+                    digest.add_array(f"{batch + j}/1", ys[j])
         batch, step = batch + k, step + k
         yield batch, step, loss
