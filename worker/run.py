@@ -236,7 +236,7 @@ def _install_code(spec: ExperimentSpec, code_file: Path | None) -> dict[str, Any
         raise refuse("a code bundle was given but the spec names none")
     if code_file is None:
         raise refuse(f"the spec runs code bundle {wanted} but the job was given no file")
-    from worker import code_bundles
+    from worker.models import code_bundles
 
     # A private directory that lives as long as this job: the bundle is visible to no other.
     target = Path(tempfile.mkdtemp(prefix="repro-code-"))

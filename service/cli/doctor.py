@@ -24,8 +24,8 @@ def doctor(
     """Check GPUs, CUDA/cuDNN against the image's lock, TF32, op determinism, threads and the
     variables that steer GPU kernels; exit 1 if anything threatens bitwise reruns."""
     # TensorFlow and the docker SDK load only here: every other command starts fast.
-    from worker import readiness
     from worker.node import readiness_probe
+    from worker.record import readiness
 
     try:
         report: dict[str, Any] = (

@@ -32,8 +32,7 @@ def validate(
     from worker.errors import SpecError
     from worker.models.data_fit import check_data_fit
     from worker.models.registry import check_spec
-    from worker.spec import load_spec
-    from worker.spec_suggestions import with_suggestion
+    from worker.spec import load_spec, with_suggestion
 
     try:
         parsed = load_spec(spec)

@@ -19,8 +19,7 @@ from service.runs import result_size, resume_points
 from service.storage import code_bundles, datasets, model_definitions
 from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.models import registry
-from worker.spec import ExperimentSpec, parse_spec, parse_spec_text
-from worker.spec_suggestions import suggesting
+from worker.spec import ExperimentSpec, parse_spec, parse_spec_text, suggesting
 from worker.training.seeds import resolve_seed
 
 

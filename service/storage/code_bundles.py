@@ -1,7 +1,7 @@
 """Code bundles pushed by digest: streamed in, checked without importing, stored by content.
 
 A wheel is spooled like a dataset (bounded, hashed as it arrives); only when its digest is
-the client's and `worker.code_bundles.inspect_wheel` accepts it is it renamed to its digest
+the client's and `worker.models.code_bundles.inspect_wheel` accepts it is it renamed to its digest
 and recorded with its per-file manifest and entry points. Any refusal leaves neither a
 file nor a row. The server never imports a bundle: specs naming its components are checked
 against the entry points recorded here.
@@ -21,7 +21,7 @@ from service.config import Settings
 from service.errors import CodeBundleRefused, Conflict, InvalidSpec, MalformedBody
 from service.persistence.models import CodeBundle, Experiment
 from service.storage.by_digest import ByDigest, move_in
-from worker.code_bundles import CodeBundleError, inspect_wheel
+from worker.models.code_bundles import CodeBundleError, inspect_wheel
 
 # A wheel's file name: name-version(-build)?-python-abi-platform.whl, no path.
 WHEEL_FILENAME = r"^[A-Za-z0-9_.+!-]{1,250}\.whl$"

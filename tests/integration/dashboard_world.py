@@ -158,11 +158,11 @@ def build(db: Session, artifacts_dir: Path) -> World:
     spec = ExperimentSpec.model_validate(spec_doc())
     experiment, reference, _ = create_experiment(db=db, spec=spec)
     finish(db, reference, worker)
-    identical = _rerun(db, reference)
+    identical = rerun(db, reference)
     finish(db, identical, worker)
-    diverged = _rerun(db, reference)
+    diverged = rerun(db, reference)
     finish(db, diverged, worker, diverge_at=2)
-    failed = _rerun(db, reference)
+    failed = rerun(db, reference)
     failed.status, failed.worker_id = "failed", worker.id
     failed.started_at = failed.finished_at = utcnow()
     failed.error = {
@@ -170,7 +170,7 @@ def build(db: Session, artifacts_dir: Path) -> World:
         "message": HOSTILE_ERROR,
         "traceback": f"Traceback (most recent call last):\n  raise ValueError({HOSTILE_ERROR!r})",
     }
-    running = _rerun(db, reference)
+    running = rerun(db, reference)
     running.status, running.worker_id, running.started_at = "running", worker.id, utcnow()
     running.progress = {"event": "epoch_end", "epoch": 1, "step": 4, "loss": 0.69}
     db.commit()
@@ -207,7 +207,8 @@ def build(db: Session, artifacts_dir: Path) -> World:
     )
 
 
-def _rerun(db: Session, original: Run) -> Run:
+def rerun(db: Session, original: Run) -> Run:
+    """A queued rerun of `original` in its family."""
     run = Run(
         experiment_id=original.experiment_id,
         rerun_of_id=original.id,

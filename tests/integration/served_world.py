@@ -46,15 +46,7 @@ def _identical_rerun(db: Session, world: World) -> int:
     reference = db.get(Run, world.reference)
     worker = db.scalars(select(Worker).where(Worker.name == world.worker)).one()
     assert reference is not None
-    run = Run(
-        experiment_id=reference.experiment_id,
-        rerun_of_id=reference.id,
-        family_id=reference.family_id or reference.id,
-        status="queued",
-    )
-    db.add(run)
-    db.flush()
-    db.refresh(run)
+    run = dashboard_world.rerun(db, reference)
     dashboard_world.finish(db, run, worker)
     recorded = run.provenance or {}
     run.provenance = {**recorded, "libraries": {**recorded["libraries"], "numpy": "2.5.0"}}

@@ -41,7 +41,7 @@ def image_id() -> Iterator[str]:
     try:
         image = client.images.get(IMAGE)
         client.containers.run(
-            image.id, entrypoint=["python3", "-c", "import worker.code_bundles"], remove=True
+            image.id, entrypoint=["python3", "-c", "import worker.models.code_bundles"], remove=True
         )
     except docker.errors.ImageNotFound:
         pytest.skip(f"image {IMAGE} is not built (docker/build.sh --base IMAGE cpu)")

@@ -125,7 +125,7 @@ def test_a_bundle_needing_the_package_fails_on_the_worker_image_and_trains_on_th
     base = engine.images.get(IMAGE)
     try:
         engine.containers.run(
-            base.id, entrypoint=["python3", "-c", "import worker.code_bundles"], remove=True
+            base.id, entrypoint=["python3", "-c", "import worker.models.code_bundles"], remove=True
         )
     except docker.errors.ContainerError:
         pytest.skip(f"image {IMAGE} predates code bundles: rebuild it (docker/build.sh cpu)")

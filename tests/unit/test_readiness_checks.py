@@ -13,7 +13,7 @@ from worker.node.readiness_probe import (
     parse_report,
     registration_flags,
 )
-from worker.readiness import flags, summary_lines
+from worker.record.readiness import flags, summary_lines
 
 A100 = {
     "index": 0,

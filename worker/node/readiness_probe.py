@@ -1,4 +1,4 @@
-"""Running the reproducibility checks (`python -m worker.readiness --json`) where jobs run:
+"""Running the reproducibility checks (`python -m worker.record.readiness --json`) where jobs run:
 in a fresh process, as the process executor runs jobs, or in a container of a worker image
 under the docker executor's conventions (no network, read-only root, no capabilities, never
 root, the GPUs through the NVIDIA runtime, the same determinism environment).
@@ -19,7 +19,7 @@ from typing import Any
 
 log = logging.getLogger("reprotrain.agent")
 
-READINESS_ARGS = ("-m", "worker.readiness", "--json")
+READINESS_ARGS = ("-m", "worker.record.readiness", "--json")
 # Importing TensorFlow and listing GPUs takes seconds; a hung driver must not hold a worker.
 PROBE_TIMEOUT_SECONDS = 180.0
 _FLAG_CHECK_CHARS = 40

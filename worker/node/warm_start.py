@@ -1,6 +1,6 @@
 """Warm starts: the next job's interpreter, started while the worker is idle.
 
-A warm interpreter (`python -m worker.warm_run`) has imported TensorFlow and what a job
+A warm interpreter (`python -m worker.training.warm_run`) has imported TensorFlow and what a job
 imports, and initialised nothing a spec sets. A claimed job is handed to it only when it
 needs exactly the start-up environment the interpreter was started with (PYTHONHASHSEED,
 the determinism and thread variables, everything else the job's environment holds) and
@@ -35,14 +35,14 @@ def startup_part(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class WarmInterpreter:
-    """One started `worker.warm_run` process, waiting for its job on stdin."""
+    """One started `worker.training.warm_run` process, waiting for its job on stdin."""
 
     def __init__(self, env: Mapping[str, str], popen_options: Mapping[str, object]) -> None:
         self.env = dict(env)
         ready_read, ready_write = os.pipe()
         try:
             self.proc: subprocess.Popen[str] = subprocess.Popen(  # type: ignore[call-overload]
-                [sys.executable, "-m", "worker.warm_run", "--ready-fd", str(ready_write)],
+                [sys.executable, "-m", "worker.training.warm_run", "--ready-fd", str(ready_write)],
                 env=self.env,
                 stdin=subprocess.PIPE,
                 pass_fds=(ready_write,),

@@ -75,6 +75,30 @@ class Job:
         self.warnings: list[str] = job_data.warnings
         info = _data_info(self.data, source)
 
+        self._build(info, max_model_parameters, model_definition)
+        self._compile_steps()
+        # A batch of exactly (x, y) is digested as a step consumes it: one step per call
+        # sees it in Python, a loop of several returns the batches it took.
+        self.digests_batches = is_xy_pair(self.data.output_spec)
+        # Held-out batches are digested as evaluated when they come in batch-id order, as
+        # their fingerprint reads them.
+        evaluated = self.eval_data
+        self.digests_eval = (
+            evaluated is not None
+            and not evaluated.stateful_random_ops
+            and (evaluated.deterministic_order or not evaluated.num_parallel_calls)
+            and is_xy_pair(evaluated.output_spec)
+        )
+        # Several steps per compiled call (`training.steps_per_execution`), in a loop.
+        self.looped_steps = LoopedSteps(
+            self.train_step, self.data.name, keep_batches=self.digests_batches
+        )
+
+    def _build(
+        self, info: DataInfo, max_model_parameters: int | None, model_definition: bytes | None
+    ) -> None:
+        """The model (its size checked), optimizer, loss, metrics and training state."""
+        spec = self.spec
         arch = registry.get_component(
             "architecture", spec.model.architecture, loc="model.architecture"
         )
@@ -87,7 +111,7 @@ class Job:
             limit=max_model_parameters,
         )
         keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
-        determinism.reseed(seed, "init")
+        determinism.reseed(self.seed, "init")
         strategy = self.placement.strategy
         tr = spec.training
         # Under a strategy the model's and optimizer's variables are mirrored on every replica.
@@ -109,44 +133,31 @@ class Job:
                 }
             )
             self.optimizer.build(self.model.trainable_variables)
-        make_loss = loss_maker(tr.loss.name, tr.loss.params)
-        self.loss_fn = make_loss(None)
+        self.make_loss = loss_maker(tr.loss.name, tr.loss.params)
+        self.loss_fn = self.make_loss(None)
         self.state = training_state(self.model, self.optimizer)
         self.train_metrics = self._metrics("")
         self.eval_metrics = self._metrics("eval_")
-        if strategy is None:
+
+    def _compile_steps(self) -> None:
+        """The compiled training and evaluation steps, mirrored across replicas if any."""
+        if self.placement.strategy is None:
             self.train_step = tf.function(self._train_step, reduce_retracing=True)
             self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
-        else:
-            steps = MirroredSteps(
-                placement=self.placement,
-                model=self.model,
-                optimizer=self.optimizer,
-                make_loss=make_loss,
-                batch_size=spec.dataset.batch_size,
-                update_train_metrics=lambda loss, y, out: self._update(
-                    self.train_metrics, loss, y, out
-                ),
-                eval_step=self._eval_step,
-            )
-            self.train_step = tf.function(steps.train_step, reduce_retracing=True)
-            self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
-        # Several steps per compiled call (`training.steps_per_execution`), in a loop.
-        # A batch of exactly (x, y) is digested as a step consumes it: one step per call
-        # sees it in Python, a loop of several returns the batches it took.
-        self.digests_batches = is_xy_pair(self.data.output_spec)
-        # Held-out batches are digested as evaluated when they come in batch-id order, as
-        # their fingerprint reads them.
-        evaluated = self.eval_data
-        self.digests_eval = (
-            evaluated is not None
-            and not evaluated.stateful_random_ops
-            and (evaluated.deterministic_order or not evaluated.num_parallel_calls)
-            and is_xy_pair(evaluated.output_spec)
+            return
+        steps = MirroredSteps(
+            placement=self.placement,
+            model=self.model,
+            optimizer=self.optimizer,
+            make_loss=self.make_loss,
+            batch_size=self.spec.dataset.batch_size,
+            update_train_metrics=lambda loss, y, out: self._update(
+                self.train_metrics, loss, y, out
+            ),
+            eval_step=self._eval_step,
         )
-        self.looped_steps = LoopedSteps(
-            self.train_step, self.data.name, keep_batches=self.digests_batches
-        )
+        self.train_step = tf.function(steps.train_step, reduce_retracing=True)
+        self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)
 
     def steps_per_call(self) -> tuple[int, str | None]:
         """The spec's steps per compiled call, or 1 and why where steps need Python between

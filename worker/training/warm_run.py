@@ -1,4 +1,4 @@
-"""A job interpreter started before its job: `python -m worker.warm_run --ready-fd N`.
+"""A job interpreter started before its job: `python -m worker.training.warm_run --ready-fd N`.
 
 The process executor of an idle worker starts one, so the next job does not wait for the
 interpreter and TensorFlow's imports. It imports what every job imports, and nothing more:
@@ -72,7 +72,7 @@ def _read_job() -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: import, say ready, wait for a job and run it; returns its exit code."""
-    parser = argparse.ArgumentParser(prog="python -m worker.warm_run")
+    parser = argparse.ArgumentParser(prog="python -m worker.training.warm_run")
     parser.add_argument("--ready-fd", type=int, required=True)
     args = parser.parse_args(argv)
     _import_job_modules()

@@ -1,7 +1,7 @@
 """Whether this machine (or image) can reproduce a run: what a job would record on it and the
 settings that threaten bitwise reproducibility (`repro doctor`, and the worker at start).
 
-`python -m worker.readiness --json` prints the report and exits 1 when something is flagged,
+`python -m worker.record.readiness --json` prints the report and exits 1 when something is flagged,
 so the same checks run here, in a worker image (`repro doctor --image`) and under an agent.
 TensorFlow is imported inside `check` only: the CLI and the agent import this module freely.
 """
@@ -222,7 +222,7 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the report (JSON with --json); exit 1 when something is flagged."""
-    parser = argparse.ArgumentParser(prog="python -m worker.readiness", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m worker.record.readiness", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     report = check()
