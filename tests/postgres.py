@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.ports import free_port
 from tests.postgres_binaries import (
     SERVER_USER,
     find_bindir,
@@ -63,12 +63,6 @@ if sys.stdin.buffer.read() != b"stopped":
     finally:
         shutil.rmtree(base, ignore_errors=True)
 """
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _conf_quote(value: str) -> str:
@@ -346,7 +340,7 @@ class PostgresServer:
     def _start_server(self) -> None:
         attempts = 3
         for attempt in range(1, attempts + 1):
-            port = _free_port()
+            port = free_port()
             log_start = self._log_file.stat().st_size if self._log_file.exists() else 0
             result = self._pg_ctl(
                 "-l", str(self._log_file), "-o", f"-p {port}", "-w", "-t", "60", "start", timeout=90
@@ -356,7 +350,7 @@ class PostgresServer:
                 self._running = True
                 return
             log = _tail(self._log_file, log_start)
-            # Another process can take the port between _free_port() and the bind.
+            # Another process can take the port between free_port() and the bind.
             if "Address already in use" in log and attempt < attempts:
                 continue
             # pg_ctl may have timed out with the postmaster still coming up.

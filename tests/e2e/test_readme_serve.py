@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.integration.jobs import job_env
-from tests.integration.service_procs import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

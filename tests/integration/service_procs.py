@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,12 +16,7 @@ import httpx
 
 from tests.cli_runner import repro_command
 from tests.integration.jobs import job_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 class Service:
@@ -66,8 +60,11 @@ class Service:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
             try:
-                if self.client.get("/readyz").status_code == 200:
-                    self.admin_token = (self.data_dir / "admin-token").read_text().strip()
+                # The token file is written before the server listens: without it, whatever
+                # answered is not this server (which will then exit, unable to bind).
+                token_file = self.data_dir / "admin-token"
+                if self.client.get("/readyz").status_code == 200 and token_file.exists():
+                    self.admin_token = token_file.read_text().strip()
                     self.client.headers["Authorization"] = f"Bearer {self.admin_token}"
                     return self
             except httpx.TransportError:

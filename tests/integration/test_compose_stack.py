@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.service_procs import free_port
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "deploy" / "compose" / "stack.sh"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.cli_runner import repro_command
 from tests.integration.jobs import job_env
-from tests.integration.service_procs import free_port
+from tests.ports import free_port
 
 LINK = re.compile(r"dashboard: http://127\.0\.0\.1:\d+/login\?code=\S+")
 ANNOUNCED = "dashboard:"  # the last line of the start-up announcement, link or not

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from reprotrain import ApiError, Client, SpecFileError, Unreachable
-from tests.integration.service_procs import free_port
+from tests.ports import free_port
 
 RUN = {"id": 7, "experiment_id": 3, "status": "succeeded", "attempt": 1}
 SUBMITTED = {
