@@ -35,6 +35,7 @@ def add_family(data_dir: Path) -> list[int]:
     from sqlalchemy.orm import Session
 
     from benchmarks.fill import _base_spec
+    from service.config import Settings
     from service.persistence.engine import make_engine
     from service.persistence.models import Run, TracePointRow, utcnow
     from service.runs.experiments import create_experiment
@@ -46,7 +47,7 @@ def add_family(data_dir: Path) -> list[int]:
     try:
         with Session(engine) as db:
             spec = ExperimentSpec.model_validate({**_base_spec(), "name": "bench-family"})
-            _, first, _ = create_experiment(db=db, spec=spec)
+            _, first, _ = create_experiment(db=db, spec=spec, settings=Settings(data_dir=data_dir))
             runs = [first]
             for _ in range(RUNS - 1):
                 runs.append(Run(experiment_id=first.experiment_id, rerun_of_id=first.id,

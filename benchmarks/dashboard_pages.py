@@ -113,6 +113,7 @@ def add_large_pair(data_dir: Path) -> tuple[int, int]:
     from sqlalchemy.orm import Session
 
     from benchmarks.fill import _base_spec
+    from service.config import Settings
     from service.persistence.engine import make_engine
     from service.persistence.models import Run, TracePointRow, utcnow
     from service.runs.experiments import create_experiment
@@ -126,7 +127,7 @@ def add_large_pair(data_dir: Path) -> tuple[int, int]:
     try:
         with Session(engine) as db:
             spec = ExperimentSpec.model_validate({**_base_spec(), "name": "bench-large"})
-            _, first, _ = create_experiment(db=db, spec=spec)
+            _, first, _ = create_experiment(db=db, spec=spec, settings=Settings(data_dir=data_dir))
             second = Run(
                 experiment_id=first.experiment_id,
                 rerun_of_id=first.id,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -218,6 +218,16 @@ class TrainingBar:
         metrics = metrics_line(event) if kind == "epoch_end" else ""
         said = f"epoch {done}/{epochs} done  {metrics}".rstrip() if done else "training"
         self._say(said, key=f"epoch {done}")
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Lines of plain text, columns left-aligned and two spaces apart, for reports whose
+    lines a terminal, a log or a pipe shows alike."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    return [
+        ("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
+        for row in (header, *rows)
+    ]
 
 
 def unique_prefixes(values: list[str], *, shortest: int) -> list[str]:

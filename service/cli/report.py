@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from service.cli.output import text_table
 from worker.compare.verdict import describe
 
 _WIDTH = 100
@@ -22,13 +23,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return [line.rstrip() for line in lines]
-
-
 def report_lines(report: Mapping[str, Any]) -> list[str]:
     """The report as lines of text: one-line verdict, explanation, then the evidence."""
     lines = [describe(report)]
@@ -38,7 +32,7 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
     if spec_diff:
         lines += ["", "spec differences:"]
         rows = [[d["path"], _cell(d["a"]), _cell(d["b"])] for d in spec_diff[:_SHOWN_ROWS]]
-        lines += _table(["field", "a", "b"], rows)
+        lines += text_table(["field", "a", "b"], rows)
         equal, differing = report.get("data_epochs_equal"), report.get("data_epochs_differing")
         if equal or differing:
             lines.append(
@@ -70,7 +64,7 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         measured = report.get("differences_measured_at")
         if rows and measured:
             lines += ["", f"differences at the {measured['label']}:"]
-            lines += _table(["variable", "max |Δ|", "rel. norm", "max ULP", "differing"], rows)
+            lines += text_table(["variable", "max |Δ|", "rel. norm", "max ULP", "differing"], rows)
         elif report["variables"]:
             lines += ["", "differing variables: " + ", ".join(report["variables"][:_SHOWN_ROWS])]
         if report.get("differences_note"):
@@ -78,7 +72,7 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
     diff = report.get("provenance_diff") or []
     if diff:
         lines += ["", "environment differences (* can change results):"]
-        lines += _table(
+        lines += text_table(
             ["", "field", "a", "b"],
             [
                 [

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from service.cli.output import text_table
+
 if TYPE_CHECKING:
     from reprotrain import DifferingField, RunsComparison
 
@@ -24,14 +26,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return json.dumps(value, sort_keys=True, default=str)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
-    return [
-        ("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))).rstrip()
-        for row in (header, *rows)
-    ]
 
 
 def summary(found: RunsComparison) -> str:
@@ -50,7 +44,7 @@ def _fields(
         header.insert(0, "")
         for row, d in zip(rows, fields, strict=True):
             row.insert(0, "*" if d.breaks_reproducibility else "")
-    return ["", title, *_table(header, rows)]
+    return ["", title, *text_table(header, rows)]
 
 
 def matrix_lines(found: RunsComparison) -> list[str]:
@@ -61,7 +55,7 @@ def matrix_lines(found: RunsComparison) -> list[str]:
         for a, row in zip(found.runs, found.matrix(), strict=True)
     ]
     lines = [summary(found), "", "verdicts (each column's run against each row's run):"]
-    lines += _table(header, rows)
+    lines += text_table(header, rows)
     if found.spec_diff:
         lines += _fields("spec fields that differ:", found.spec_diff, found.runs, marked=False)
     else:

@@ -143,7 +143,7 @@ def create_experiment(
     request_hash: str | None = None,
     actor: Principal | None = None,
     copies: int = 1,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> tuple[Experiment, Run, bool]:
     """Store the spec with its resolved seed and queue its first run.
 
@@ -203,7 +203,7 @@ def create_experiment(
     return experiment, run, True
 
 
-def _require_stored_inputs(db: Session, spec: ExperimentSpec, settings: Settings | None) -> None:
+def _require_stored_inputs(db: Session, spec: ExperimentSpec, settings: Settings) -> None:
     # Everything the spec names by digest must be held, usable and fit the model: a 422 now,
     # not a failed run later.
     datasets.require_held(db, spec.dataset.data)
@@ -262,9 +262,7 @@ def get_experiment(db: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
-def rerun(
-    *, db: Session, run_id: int, actor: Principal | None = None, settings: Settings | None = None
-) -> Run:
+def rerun(*, db: Session, run_id: int, settings: Settings, actor: Principal | None = None) -> Run:
     """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
     original = get_run(db, run_id)
     if original.kind != "train":

@@ -115,15 +115,12 @@ def store(
         spooled.unlink(missing_ok=True)
 
 
-def require_held(
-    db: Session, digest: str | None, settings: Settings | None = None
-) -> CodeBundle | None:
+def require_held(db: Session, digest: str | None, settings: Settings) -> CodeBundle | None:
     """The spec's bundle; InvalidSpec (422) at `code` when bundles are off (per `settings`)
     or it is not stored here (None for a spec without one)."""
     if digest is None:
         return None
-    if settings is not None:
-        check_allowed(settings, loc="code")
+    check_allowed(settings, loc="code")
     bundle = find(db, digest)
     if bundle is None:
         msg = f"no code bundle {digest} is stored on this server; push it first (repro code push)"

@@ -156,9 +156,7 @@ def require_held(
     return found
 
 
-def require_usable(
-    db: Session, spec: ExperimentSpec, settings: Settings | None
-) -> ModelDefinition | None:
+def require_usable(db: Session, spec: ExperimentSpec, settings: Settings) -> ModelDefinition | None:
     """The stored definition the spec names, after checking it can train here: InvalidSpec
     (422) naming `model.definition` when it is not stored, is over REPRO_MAX_MODEL_PARAMETERS,
     or cannot take the spec's data (shapes, token ids, classes), where those are known."""
@@ -166,7 +164,7 @@ def require_usable(
     if definition is None:
         return None
     loc = "model.definition"
-    if settings is not None and definition.parameter_count > settings.max_model_parameters:
+    if definition.parameter_count > settings.max_model_parameters:
         msg = (
             f"model definition {definition.digest} has {definition.parameter_count} parameters; "
             f"this server allows at most {settings.max_model_parameters} "

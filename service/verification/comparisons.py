@@ -331,8 +331,8 @@ def create_refinement(
     db: Session,
     a_id: int,
     b_id: int,
+    settings: Settings,
     actor: Principal | None = None,
-    settings: Settings | None = None,
 ) -> Refinement:
     """Queue a per-step re-trace of the divergent epoch of two diverged runs.
 
@@ -345,7 +345,7 @@ def create_refinement(
         raise Conflict("only trainings can be refined, not re-traces")
     for run in (a, b):
         code_bundles.check_queueing_allowed(
-            settings or get_settings(), needs_code=run.needs_code, what=f"re-tracing run {run.id}"
+            settings, needs_code=run.needs_code, what=f"re-tracing run {run.id}"
         )
     report = compare_ids(db, a.id, b.id)
     if report["verdict"] != "diverged":

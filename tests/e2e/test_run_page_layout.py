@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
+from service.config import Settings
 from service.persistence.engine import make_engine
 from service.persistence.models import Run, TracePointRow, Worker, utcnow
 from service.runs.experiments import create_experiment
@@ -116,7 +117,8 @@ def record_big_run(data_dir: Path) -> int:
             db.add(worker)
             db.commit()
             doc = dashboard_world.spec_doc("layout", epochs=EPOCHS)
-            _, run, _ = create_experiment(db=db, spec=ExperimentSpec.model_validate(doc))
+            spec = ExperimentSpec.model_validate(doc)
+            _, run, _ = create_experiment(db=db, spec=spec, settings=Settings(data_dir=data_dir))
             _finish(db, run, worker)
             return run.id
     finally:

@@ -9,6 +9,13 @@ from typing import Any
 import httpx
 
 
+def hidden_value(html: str, name: str) -> str:
+    """The value of the form field `name` in a page (a login form's token, a CSRF token)."""
+    found = re.search(rf'name="{re.escape(name)}" value="([^"]+)"', html)
+    assert found is not None, html[:2000]
+    return found.group(1)
+
+
 class AsgiBrowser:
     """Requests straight into the app (no server, no sockets), one event loop per browser."""
 
@@ -29,17 +36,12 @@ class AsgiBrowser:
 
     def login(self, token: str) -> httpx.Response:
         """Fill in the login form with `token`; the answer (a 303 on success)."""
-        form = self.get("/login")
-        field = re.search(r'name="form_token" value="([^"]+)"', form.text)
-        assert field is not None, form.text
-        return self.post("/login", data={"token": token, "form_token": field.group(1)})
+        form_token = hidden_value(self.get("/login").text, "form_token")
+        return self.post("/login", data={"token": token, "form_token": form_token})
 
     def csrf(self, url: str = "/") -> str:
         """The CSRF token the page at `url` puts in its forms."""
-        page = self.get(url)
-        found = re.search(r'name="csrf" value="([^"]+)"', page.text)
-        assert found is not None, page.text[:2000]
-        return found.group(1)
+        return hidden_value(self.get(url).text, "csrf")
 
     def close(self) -> None:
         self.loop.run_until_complete(self.client.aclose())

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.auth import tokens as auth
+from service.config import Settings
 from service.persistence.models import Artifact, Run, TracePointRow, Worker, utcnow
 from service.runs import final_metrics
 from service.runs.experiments import create_experiment
@@ -147,7 +148,7 @@ class World:
     viewer_token: str
 
 
-def build(db: Session, artifacts_dir: Path) -> World:
+def build(db: Session, artifacts_dir: Path, settings: Settings) -> World:
     """Fill an empty, migrated database with the world the dashboard tests look at."""
     _, admin = auth.create_token(db=db, name="admin", role="admin")
     _, submitter = auth.create_token(db=db, name="submitter", role="submitter")
@@ -156,7 +157,7 @@ def build(db: Session, artifacts_dir: Path) -> World:
     db.add(worker)
     db.commit()
     spec = ExperimentSpec.model_validate(spec_doc())
-    experiment, reference, _ = create_experiment(db=db, spec=spec)
+    experiment, reference, _ = create_experiment(db=db, spec=spec, settings=settings)
     finish(db, reference, worker)
     identical = rerun(db, reference)
     finish(db, identical, worker)
@@ -174,7 +175,7 @@ def build(db: Session, artifacts_dir: Path) -> World:
     running.status, running.worker_id, running.started_at = "running", worker.id, utcnow()
     running.progress = {"event": "epoch_end", "epoch": 1, "step": 4, "loss": 0.69}
     db.commit()
-    _, audit_run, _ = create_experiment(db=db, spec=spec, copies=2)
+    _, audit_run, _ = create_experiment(db=db, spec=spec, copies=2, settings=settings)
     artifacts_dir.mkdir(parents=True, exist_ok=True)
     data = b"final weights " + HOSTILE.encode()
     path = artifacts_dir / "weights.npz"

@@ -33,7 +33,7 @@ def served_world(
         engine = make_engine(settings.resolved_database_url)
         try:
             with Session(engine, expire_on_commit=False) as db:
-                world = dashboard_world.build(db, tmp_path / "artifacts")
+                world = dashboard_world.build(db, tmp_path / "artifacts", settings)
                 third = _identical_rerun(db, world)
         finally:
             engine.dispose()

@@ -8,13 +8,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.cli_runner import repro_command
+from tests.integration.asgi_browser import hidden_value
 from tests.integration.jobs import job_env
 from tests.ports import free_port
 
@@ -71,6 +72,16 @@ class Service:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def dashboard(self) -> httpx.Client:
+        """An HTTP client logged in to the dashboard with the admin token, keeping its cookie
+        as a browser does (closed in stop)."""
+        browser = httpx.Client(base_url=self.url, timeout=60)
+        self._clients.append(browser)
+        form_token = hidden_value(browser.get("/login").text, "form_token")
+        login = browser.post("/login", data={"token": self.admin_token, "form_token": form_token})
+        assert login.status_code == 303, login.text
+        return browser
 
     def token(self, role: str, name: str = "test") -> str:
         """A new token of `role`, created with the admin token."""
@@ -216,20 +227,26 @@ def running(service: Service, *workers_dirs: Path) -> Iterator[tuple[Service, li
 
 
 @contextmanager
-def trusting_service(root: Path) -> Iterator[Service]:
-    """A ready service (no demo) under `root` and one worker that accepts code bundles
-    (`--trust-code`), registered before the service is handed over; both stopped after."""
-    svc = Service(root / "data", extra=("--no-demo",)).wait_ready()
-    agent = WorkerProc(
-        svc.url,
-        root / "agent",
-        token=svc.token("worker", "trusted"),
-        name=f"trusted-{root.name}",
-        extra=("--trust-code",),
-    )
+def service_with_worker(
+    root: Path, *worker_options: str, name: str, env: dict[str, str] | None = None
+) -> Iterator[Service]:
+    """A ready service (no demo) in `root`/data and one worker agent named `name` in
+    `root`/agent, started with `worker_options` (an executor, `--trust-code`) and registered
+    before the service is handed over; both stopped after."""
+    svc = Service(root / "data", env=env, extra=("--no-demo",))
     try:
-        agent.worker_id()
-        yield svc
+        svc.wait_ready()
+        token = svc.token("worker", name)
+        agent = WorkerProc(svc.url, root / "agent", token=token, name=name, extra=worker_options)
+        try:
+            agent.worker_id()
+            yield svc
+        finally:
+            agent.stop()
     finally:
-        agent.stop()
         svc.stop()
+
+
+def trusting_service(root: Path) -> AbstractContextManager[Service]:
+    """A ready service under `root` and one worker that accepts code bundles."""
+    return service_with_worker(root, "--trust-code", name=f"trusted-{root.name}")

@@ -5,19 +5,17 @@ bundle run queues copies that train and agree."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.code_wheels import ring_bundle, ring_spec
+from tests.integration.asgi_browser import hidden_value
 from tests.integration.service_procs import Service, trusting_service
+from tests.integration.test_code_bundles import pushed_digest
 
 pytestmark = [pytest.mark.slow]
 
@@ -28,17 +26,6 @@ def service(tmp_path: Path) -> Iterator[Service]:
         yield svc
 
 
-def push(svc: Service, body: bytes) -> str:
-    answer = svc.client.post(
-        "/api/v1/code",
-        params={"name": "rings", "filename": "ring_bundle-1.0-py3-none-any.whl"},
-        content=body,
-        headers={"X-Content-SHA256": "sha256:" + hashlib.sha256(body).hexdigest()},
-    )
-    assert answer.status_code in (200, 201), answer.text
-    return str(answer.json()["digest"])
-
-
 def trained(svc: Service, spec: str) -> dict[str, Any]:
     created = svc.submit(spec)
     assert created.status_code == 201, created.text
@@ -47,20 +34,9 @@ def trained(svc: Service, spec: str) -> dict[str, Any]:
     return run
 
 
-@contextlib.contextmanager
-def dashboard(svc: Service) -> Iterator[httpx.Client]:
-    """A client logged in to the dashboard with the admin token, as a browser would be."""
-    with httpx.Client(base_url=svc.url, timeout=60) as browser:
-        form = browser.get("/login").text
-        field = re.search(r'name="form_token" value="([^"]+)"', form)
-        assert field is not None, form
-        answer = browser.post("/login", data={"token": svc.admin_token, "form_token": field[1]})
-        assert answer.status_code == 303, answer.text
-        yield browser
-
-
 def test_one_changed_line_in_the_model_file_is_named_by_compare(service: Service) -> None:
-    old, new = push(service, ring_bundle(hidden=4)), push(service, ring_bundle(hidden=5))
+    old = pushed_digest(service.client, ring_bundle(hidden=4))
+    new = pushed_digest(service.client, ring_bundle(hidden=5))
     a, b = trained(service, ring_spec(old)), trained(service, ring_spec(new))
 
     report = service.client.get("/api/v1/compare", params={"a": a["id"], "b": b["id"]}).json()
@@ -72,26 +48,25 @@ def test_one_changed_line_in_the_model_file_is_named_by_compare(service: Service
     assert "changes results" in report["explanation"]
     assert {"path": "code", "a": old, "b": new} in report["spec_diff"]
 
-    with dashboard(service) as browser:
-        page = browser.get("/compare", params={"a": a["id"], "b": b["id"]})
-        assert page.status_code == 200, page.text
-        section = page.text.split('id="code-files"', 1)[1].split("<h2", 1)[0]
-        assert "ring_bundle/model.py" in section and "Changes results" in section
-        assert "ring_bundle/data.py" not in section
-        spec_rows = page.text.split("<h2>Spec diff</h2>", 1)[1].split("</table>", 1)[0]
-        assert ">code<" in spec_rows and old in spec_rows and new in spec_rows
+    browser = service.dashboard()
+    page = browser.get("/compare", params={"a": a["id"], "b": b["id"]})
+    assert page.status_code == 200, page.text
+    section = page.text.split('id="code-files"', 1)[1].split("<h2", 1)[0]
+    assert "ring_bundle/model.py" in section and "Changes results" in section
+    assert "ring_bundle/data.py" not in section
+    spec_rows = page.text.split("<h2>Spec diff</h2>", 1)[1].split("</table>", 1)[0]
+    assert ">code<" in spec_rows and old in spec_rows and new in spec_rows
 
 
 def test_dashboard_audit_of_a_bundle_run_queues_copies_that_agree(service: Service) -> None:
-    run = trained(service, ring_spec(push(service, ring_bundle())))
-    with dashboard(service) as browser:
-        page = browser.get(f"/runs/{run['id']}").text
-        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
-        assert csrf is not None
-        answer = browser.post(f"/runs/{run['id']}/audit", data={"csrf": csrf[1], "copies": "2"})
-        assert answer.status_code == 303, answer.text
-        location = answer.headers["location"]
-        assert location.startswith("/audits/"), location
+    run = trained(service, ring_spec(pushed_digest(service.client, ring_bundle())))
+    browser = service.dashboard()
+    page = browser.get(f"/runs/{run['id']}").text
+    csrf = hidden_value(page, "csrf")
+    answer = browser.post(f"/runs/{run['id']}/audit", data={"csrf": csrf, "copies": "2"})
+    assert answer.status_code == 303, answer.text
+    location = answer.headers["location"]
+    assert location.startswith("/audits/"), location
     audit_id = int(location.rsplit("/", 1)[1])
     deadline = time.monotonic() + 300
     while True:

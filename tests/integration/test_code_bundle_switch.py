@@ -5,15 +5,13 @@ dashboard's rerun of it is refused and queues nothing."""
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
-import httpx
-
 from tests.code_wheels import ring_bundle, ring_spec
+from tests.integration.asgi_browser import hidden_value
 from tests.integration.service_procs import Service, WorkerProc
-from tests.integration.test_code_bundles import push
+from tests.integration.test_code_bundles import pushed_digest
 
 OFF = {"REPRO_ALLOW_CODE_BUNDLES": "false", "REPRO_LEASE_SECONDS": "30"}
 
@@ -22,7 +20,7 @@ def _queued_bundle_run(data_dir: Path, database_url: str | None) -> int:
     """A run of a code bundle, submitted while bundles are allowed and left queued."""
     on = Service(data_dir, database_url=database_url, extra=("--no-demo",)).wait_ready()
     try:
-        digest = push(on.client, ring_bundle()).json()["digest"]
+        digest = pushed_digest(on.client, ring_bundle())
         created = on.submit(ring_spec(digest))
         assert created.status_code == 201, created.text
         return int(created.json()["run"]["id"])
@@ -60,16 +58,9 @@ def test_switched_off_bundles_are_not_claimed_nor_rerun(
         assert "no live worker accepts code" not in run["waiting_reason"]
 
         before = _run_ids(off)
-        with httpx.Client(base_url=off.url, timeout=30) as browser:
-            form = browser.get("/login").text
-            field = re.search(r'name="form_token" value="([^"]+)"', form)
-            assert field is not None, form
-            login = {"token": off.admin_token, "form_token": field.group(1)}
-            assert browser.post("/login", data=login).status_code == 303
-            page = browser.get(f"/runs/{run_id}").text
-            csrf = re.search(r'name="csrf" value="([^"]+)"', page)
-            assert csrf is not None, page
-            refused = browser.post(f"/runs/{run_id}/rerun", data={"csrf": csrf.group(1)})
+        browser = off.dashboard()
+        csrf = hidden_value(browser.get(f"/runs/{run_id}").text, "csrf")
+        refused = browser.post(f"/runs/{run_id}/rerun", data={"csrf": csrf})
         assert refused.status_code == 422, refused.text
         assert "code bundles are turned off on this server" in refused.text
         assert _run_ids(off) == before

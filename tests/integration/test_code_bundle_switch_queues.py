@@ -43,7 +43,7 @@ def test_replays_and_re_traces_of_bundle_runs_are_refused_and_queue_nothing(
     app: Any, tmp_path: Path
 ) -> None:
     with app.state.sessionmaker() as db:
-        world: World = dashboard_world.build(db, tmp_path / "artifacts")
+        world: World = dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
         for run_id in (world.reference, world.diverged):
             run = db.get(Run, run_id)
             assert run is not None and run.status == "succeeded"

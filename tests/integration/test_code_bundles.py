@@ -24,14 +24,25 @@ def sha256(data: bytes) -> str:
 
 
 def push(
-    client: httpx.Client, body: bytes, *, filename: str = "ring_bundle-1.0-py3-none-any.whl"
+    client: httpx.Client,
+    body: bytes,
+    *,
+    name: str = "rings",
+    filename: str = "ring_bundle-1.0-py3-none-any.whl",
 ) -> httpx.Response:
     return client.post(
         "/api/v1/code",
-        params={"name": "rings", "filename": filename},
+        params={"name": name, "filename": filename},
         content=body,
         headers={"Content-Type": "application/octet-stream", "X-Content-SHA256": sha256(body)},
     )
+
+
+def pushed_digest(client: httpx.Client, body: bytes, *, name: str = "rings") -> str:
+    """The digest of the wheel `body`, pushed (201) or already stored (200)."""
+    answer = push(client, body, name=name)
+    assert answer.status_code in (200, 201), answer.text
+    return str(answer.json()["digest"])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -147,13 +158,13 @@ def test_spec_names_bundle_by_digest(service: Service, tmp_path: Path) -> None:
     assert unknown in refused.text and refused.json()["errors"][0]["loc"] == "code"
     assert service.client.get("/api/v1/runs").json()["items"] == []
 
-    digest = push(service.client, ring_bundle()).json()["digest"]
+    digest = pushed_digest(service.client, ring_bundle())
     created = service.submit(ring_spec(digest))
     assert created.status_code == 201, created.text
     run_id = created.json()["run"]["id"]
     experiment = created.json()["experiment"]
     # Without the bundle the same spec is another experiment: its digest is in the hash.
-    other = push(service.client, ring_bundle(hidden=5)).json()["digest"]
+    other = pushed_digest(service.client, ring_bundle(hidden=5))
     assert (
         service.submit(ring_spec(other)).json()["experiment"]["spec_hash"]
         != (experiment["spec_hash"])

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.code_wheels import make_wheel, ring_bundle, ring_spec
-from tests.integration.service_procs import Service, WorkerProc
+from tests.integration.service_procs import Service, service_with_worker
+from tests.integration.test_code_bundles import pushed_digest
 
 docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
 
@@ -55,36 +56,14 @@ def image_id() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, image_id: str) -> Iterator[Service]:
-    data = tmp_path_factory.mktemp("code-docker") / "data"
-    svc = Service(data, env={"REPRO_LEASE_SECONDS": "20"}, extra=("--no-demo",)).wait_ready()
-    work = tmp_path_factory.mktemp("code-docker-agent")
-    agent = WorkerProc(
-        svc.url,
-        work,
-        token=svc.token("worker", "docker"),
-        name=f"docker-{work.name}",
-        extra=("--executor", "docker", "--image", IMAGE, "--memory", "1g"),
-    )
-    try:
-        agent.worker_id()
+    root = tmp_path_factory.mktemp("code-docker")
+    with service_with_worker(
+        root,
+        "--executor", "docker", "--image", IMAGE, "--memory", "1g",
+        name=f"docker-{root.name}",
+        env={"REPRO_LEASE_SECONDS": "20"},
+    ) as svc:  # fmt: skip
         yield svc
-    finally:
-        agent.stop()
-        svc.stop()
-
-
-def push(service: Service, body: bytes) -> str:
-    answer = service.client.post(
-        "/api/v1/code",
-        params={"name": "rings", "filename": "ring_bundle-1.0-py3-none-any.whl"},
-        content=body,
-        headers={
-            "Content-Type": "application/octet-stream",
-            "X-Content-SHA256": "sha256:" + hashlib.sha256(body).hexdigest(),
-        },
-    )
-    assert answer.status_code in (200, 201), answer.text
-    return str(answer.json()["digest"])
 
 
 def run_of(service: Service, spec: str) -> dict[str, Any]:
@@ -95,7 +74,7 @@ def run_of(service: Service, spec: str) -> dict[str, Any]:
 
 def test_bundle_trains_in_a_container_and_reruns_identical(service: Service) -> None:
     body = ring_bundle()
-    digest = push(service, body)
+    digest = pushed_digest(service.client, body)
     first = run_of(service, ring_spec(digest))
     assert first["status"] == "succeeded", first["error"]
     code = first["provenance"]["code"]
@@ -118,7 +97,7 @@ def test_bundle_that_opens_a_connection_at_import_fails_saying_so(service: Servi
         entry_points="[reprotrain.generators]\ntest_rings = ring_bundle.data:rings\n"
         "[reprotrain.architectures]\ntest_ring_mlp = ring_bundle.data:rings\n",
     )
-    run = run_of(service, ring_spec(push(service, body)))
+    run = run_of(service, ring_spec(pushed_digest(service.client, body)))
     assert run["status"] == "failed"
     message = run["error"]["message"]
     assert "failed at import" in message and "ring_bundle.data" in message

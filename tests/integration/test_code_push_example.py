@@ -22,6 +22,7 @@ from service.client import Client
 from tests.cli_runner import repro
 from tests.code_wheels import DATA_PY, MODEL_PY, make_wheel, ring_spec
 from tests.integration.service_procs import Service, trusting_service
+from tests.integration.test_code_bundles import pushed_digest
 
 pytestmark = [pytest.mark.slow]
 
@@ -134,17 +135,6 @@ def loss_bundle() -> bytes:
     )
 
 
-def push(service: Service, body: bytes) -> str:
-    answer = service.client.post(
-        "/api/v1/code",
-        params={"name": "rings-loss", "filename": "ring_bundle-1.0-py3-none-any.whl"},
-        content=body,
-        headers={"X-Content-SHA256": "sha256:" + hashlib.sha256(body).hexdigest()},
-    )
-    assert answer.status_code in (200, 201), answer.text
-    return str(answer.json()["digest"])
-
-
 def with_loss(spec: str, loss: str) -> str:
     builtin = "loss: {name: sparse_categorical_crossentropy, params: {from_logits: true}}"
     assert builtin in spec
@@ -153,7 +143,7 @@ def with_loss(spec: str, loss: str) -> str:
 
 def test_a_loss_the_bundle_declares_trains_and_reruns_identical(service: Service) -> None:
     body = loss_bundle()
-    digest = push(service, body)
+    digest = pushed_digest(service.client, body, name="rings-loss")
     spec = with_loss(ring_spec(digest), "{name: test_scaled_ce, params: {scale: 2.0}}")
     first, second = trained_and_rerun(service, spec)
     assert second["verdict"] == "identical"

@@ -37,7 +37,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def world(app: Any, tmp_path: Path) -> World:
     with app.state.sessionmaker() as db:
-        return dashboard_world.build(db, tmp_path / "artifacts")
+        return dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
 
 
 @pytest.fixture

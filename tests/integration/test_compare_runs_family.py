@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.integration.jobs import job_env
@@ -41,17 +40,6 @@ def perturbable_spec() -> dict[str, Any]:
             "metrics": ["accuracy"],
         },
     }
-
-
-def dashboard(service: Service) -> httpx.Client:
-    """A client logged in to the dashboard with the admin token."""
-    client = httpx.Client(base_url=service.url, timeout=30)
-    form = client.get("/login").text
-    field = re.search(r'name="form_token" value="([^"]+)"', form)
-    assert field is not None
-    login = client.post("/login", data={"token": service.admin_token, "form_token": field[1]})
-    assert login.status_code == 303, login.text
-    return client
 
 
 def matrix(html: str) -> dict[tuple[int, int], str]:
@@ -88,11 +76,7 @@ def test_a_family_of_five_with_one_diverged_rerun(tmp_path: Path) -> None:
         listed = ",".join(map(str, family))
 
         # The page: exactly one row and one column of "diverged", every other pair identical.
-        browser = dashboard(svc)
-        try:
-            page = browser.get("/compare/runs", params={"runs": listed})
-        finally:
-            browser.close()
+        page = svc.dashboard().get("/compare/runs", params={"runs": listed})
         assert page.status_code == 200, page.text[:500]
         html5lib.HTMLParser(strict=True).parse(page.text)
         cells = matrix(page.text)

@@ -41,7 +41,7 @@ def _other_families(app: Any, world: World, count: int) -> list[int]:
         worker = db.scalars(select(Worker).where(Worker.name == world.worker)).one()
         for i in range(count):
             spec = ExperimentSpec.model_validate(dashboard_world.spec_doc(f"other {i}"))
-            _, run, _ = create_experiment(db=db, spec=spec)
+            _, run, _ = create_experiment(db=db, spec=spec, settings=app.state.settings)
             dashboard_world.finish(db, run, worker)
             ids.append(run.id)
     return ids
@@ -64,7 +64,7 @@ def test_comparing_many_pairs_keeps_few_reports_and_answers_them_whole(
     app: Any, tmp_path: Path
 ) -> None:
     with app.state.sessionmaker() as db:
-        world = dashboard_world.build(db, tmp_path / "artifacts")
+        world = dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
     finished = [world.reference, world.identical, world.diverged, world.failed]
     finished += _other_families(app, world, 3)
     pairs = list(itertools.permutations(finished, 2))
@@ -115,7 +115,7 @@ def test_the_bound_has_a_default_and_an_environment_setting(
 
 def test_a_bound_of_zero_keeps_only_the_family_reports(app: Any, tmp_path: Path) -> None:
     with app.state.sessionmaker() as db:
-        world = dashboard_world.build(db, tmp_path / "artifacts")
+        world = dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
     others = _other_families(app, world, 2)
     with app.state.sessionmaker() as db:
         report = comparisons.compare_ids(db, others[0], others[1], max_stored=0)

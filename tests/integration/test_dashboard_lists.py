@@ -45,7 +45,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def world(app: Any, tmp_path: Path) -> World:
     with app.state.sessionmaker() as db:
-        return dashboard_world.build(db, tmp_path / "artifacts")
+        return dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
 
 
 @pytest.fixture
@@ -72,7 +72,8 @@ def _experiments(app: Any, names: list[str], spec: dict[str, Any] | None = None)
         made = []
         for name in names:
             doc = {**(spec or spec_doc()), "name": name}
-            experiment, _, _ = create_experiment(db=db, spec=ExperimentSpec.model_validate(doc))
+            parsed = ExperimentSpec.model_validate(doc)
+            experiment, _, _ = create_experiment(db=db, spec=parsed, settings=app.state.settings)
             made.append(experiment.id)
         return made
 

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
-
-import httpx
 
 from tests.integration.service_procs import Service, running
 from tests.integration.test_datasets_api import digits_like, push, sha256, spec_using
@@ -45,16 +42,11 @@ def test_a_run_on_a_pushed_dataset_records_it_and_exports_its_model(tmp_path: Pa
         assert len(download.content) == model["size"]
         assert download.content[:2] == b"PK"  # a .keras file is a zip archive
         # The run page offers it too, to a person logged in to the dashboard.
-        with httpx.Client(base_url=svc.url, timeout=30) as browser:
-            form = browser.get("/login").text
-            field = re.search(r'name="form_token" value="([^"]+)"', form)
-            assert field is not None, form
-            login = {"token": svc.admin_token, "form_token": field.group(1)}
-            assert browser.post("/login", data=login).status_code == 303
-            page = browser.get(f"/runs/{run_id}").text
-            link = f"/runs/{run_id}/artifacts/{model['id']}"
-            assert f'<a href="{link}" download class="model-download">' in page
-            assert browser.get(link).content == download.content
+        browser = svc.dashboard()
+        page = browser.get(f"/runs/{run_id}").text
+        link = f"/runs/{run_id}/artifacts/{model['id']}"
+        assert f'<a href="{link}" download class="model-download">' in page
+        assert browser.get(link).content == download.content
 
         # The rerun trains on the cached copy: fetched once, verified before each job.
         rerun = svc.client.post(f"/api/v1/runs/{run_id}/rerun")

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.code_wheels import DATA_PY, MODEL_PY, make_wheel, ring_spec
-from tests.integration.service_procs import Service, WorkerProc
+from tests.integration.service_procs import service_with_worker
+from tests.integration.test_code_bundles import pushed_digest
 
 docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
 
@@ -129,33 +130,20 @@ def test_a_bundle_needing_the_package_fails_on_the_worker_image_and_trains_on_th
         )
     except docker.errors.ContainerError:
         pytest.skip(f"image {IMAGE} predates code bundles: rebuild it (docker/build.sh cpu)")
-    svc = Service(tmp_path / "data", extra=("--no-demo",)).wait_ready()
-    agent = WorkerProc(
-        svc.url,
-        tmp_path / "agent",
-        token=svc.token("worker", "docker"),
+    model = b"import inflection  # the package only the derived image holds\n"
+    body = make_wheel(
+        {
+            "ring_bundle/__init__.py": b"",
+            "ring_bundle/data.py": DATA_PY.encode(),
+            "ring_bundle/model.py": model + MODEL_PY.encode(),
+        }
+    )
+    with service_with_worker(
+        tmp_path,
+        "--executor", "docker", "--image", base.id, "--image", derived, "--memory", "1g",
         name=f"derived-{uuid.uuid4().hex[:8]}",
-        extra=("--executor", "docker", "--image", base.id, "--image", derived,
-               "--memory", "1g"),
-    )  # fmt: skip
-    try:
-        agent.worker_id()
-        model = b"import inflection  # the package only the derived image holds\n"
-        body = make_wheel(
-            {
-                "ring_bundle/__init__.py": b"",
-                "ring_bundle/data.py": DATA_PY.encode(),
-                "ring_bundle/model.py": model + MODEL_PY.encode(),
-            }
-        )
-        pushed = svc.client.post(
-            "/api/v1/code",
-            params={"name": "rings", "filename": "ring_bundle-1.0-py3-none-any.whl"},
-            content=body,
-            headers={"X-Content-SHA256": "sha256:" + hashlib.sha256(body).hexdigest()},
-        )
-        assert pushed.status_code in (200, 201), pushed.text
-        digest = pushed.json()["digest"]
+    ) as svc:  # fmt: skip
+        digest = pushed_digest(svc.client, body)
 
         def run(spec: str) -> dict[str, Any]:
             created = svc.submit(spec)
@@ -163,13 +151,10 @@ def test_a_bundle_needing_the_package_fails_on_the_worker_image_and_trains_on_th
             return svc.wait_run(int(created.json()["run"]["id"]), timeout=300)
 
         lacking = run(ring_spec(digest, f'environment: {{image: "{base.id}"}}\n'))
-        assert lacking["status"] == "failed"
-        message = lacking["error"]["message"]
-        assert "'inflection'" in message and "docker/build.sh user --requirements" in message
         trained = run(ring_spec(digest, f'environment: {{image: "{derived}"}}\n'))
-        assert trained["status"] == "succeeded", trained["error"]
-        assert trained["provenance"]["image"]["id"] == derived
-        assert trained["provenance"]["code"]["digest"] == digest
-    finally:
-        agent.stop()
-        svc.stop()
+    assert lacking["status"] == "failed"
+    message = lacking["error"]["message"]
+    assert "'inflection'" in message and "docker/build.sh user --requirements" in message
+    assert trained["status"] == "succeeded", trained["error"]
+    assert trained["provenance"]["image"]["id"] == derived
+    assert trained["provenance"]["code"]["digest"] == digest

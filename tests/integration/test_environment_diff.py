@@ -4,10 +4,8 @@ them and no value of theirs is stored or shown anywhere."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from psycopg import sql
@@ -40,13 +38,8 @@ def _files_under(*directories: Path) -> bytes:
 
 def _dashboard_pages(svc: Service, *paths: str) -> list[str]:
     """The dashboard's pages at `paths`, as a browser logged in with the admin token sees them."""
-    with httpx.Client(base_url=svc.url, timeout=30) as browser:
-        form = browser.get("/login")
-        field = re.search(r'name="form_token" value="([^"]+)"', form.text)
-        assert field is not None, form.text
-        data = {"token": svc.admin_token, "form_token": field.group(1)}
-        assert browser.post("/login", data=data).status_code == 303
-        pages = [browser.get(path) for path in paths]
+    browser = svc.dashboard()
+    pages = [browser.get(path) for path in paths]
     assert all(page.status_code == 200 for page in pages)
     return [page.text for page in pages]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 import subprocess
 import zipfile
 from collections.abc import Iterator
@@ -311,22 +310,17 @@ def test_the_dashboard_shows_models_and_the_layer_table_of_runs(service: Service
     accepted = service.submit(spec_using(digest, service), content_type="application/json")
     assert accepted.status_code == 201, accepted.text
     run_id, experiment_id = accepted.json()["run"]["id"], accepted.json()["experiment"]["id"]
-    with httpx.Client(base_url=service.url, timeout=30) as browser:
-        form = browser.get("/login").text
-        field = re.search(r'name="form_token" value="([^"]+)"', form)
-        assert field is not None, form
-        login = {"token": service.admin_token, "form_token": field.group(1)}
-        assert browser.post("/login", data=login).status_code == 303
-        listed = browser.get("/models").text
-        assert '<a href="/models">Models</a>' in listed
-        assert f'<a href="/models/{digest}">resnet20</a>' in listed
-        shown = browser.get(f"/models/{digest}").text
-        assert "resnet20/stage2_block1_project" in shown and "274,042" in shown
-        assert f"/runs/{run_id}" in shown
-        for page in (f"/runs/{run_id}", f"/experiments/{experiment_id}"):
-            text = browser.get(page).text
-            assert f'<a href="/models/{digest}">resnet20</a>' in text, page
-            assert "resnet20/logits" in text and "Dense" in text, page
+    browser = service.dashboard()
+    listed = browser.get("/models").text
+    assert '<a href="/models">Models</a>' in listed
+    assert f'<a href="/models/{digest}">resnet20</a>' in listed
+    shown = browser.get(f"/models/{digest}").text
+    assert "resnet20/stage2_block1_project" in shown and "274,042" in shown
+    assert f"/runs/{run_id}" in shown
+    for page in (f"/runs/{run_id}", f"/experiments/{experiment_id}"):
+        text = browser.get(page).text
+        assert f'<a href="/models/{digest}">resnet20</a>' in text, page
+        assert "resnet20/logits" in text and "Dense" in text, page
 
 
 def _keras_archive(path: Path) -> Path:

@@ -50,17 +50,6 @@ def _workers(service: Service) -> dict[str, dict[str, Any]]:
     return {w["name"]: w for w in answer.json()}
 
 
-def _dashboard(service: Service) -> httpx.Client:
-    browser = httpx.Client(base_url=service.url, timeout=30)
-    field = re.search(r'name="form_token" value="([^"]+)"', browser.get("/login").text)
-    assert field is not None
-    login = browser.post(
-        "/login", data={"token": service.admin_token, "form_token": field.group(1)}
-    )
-    assert login.status_code == 303, login.text
-    return browser
-
-
 @pytest.mark.parametrize(
     ("flags", "loc"),
     [
@@ -96,11 +85,7 @@ def test_flags_are_stored_listed_and_shown_and_absent_ones_say_not_checked(
     # Registering again refreshes them.
     assert _register(client, "a100", readiness_flags=[THREADS]).status_code == 201
     assert _workers(service)["a100"]["readiness_flags"] == [THREADS]
-    browser = _dashboard(service)
-    try:
-        page = browser.get("/workers")
-    finally:
-        browser.close()
+    page = service.dashboard().get("/workers")
     assert page.status_code == 200
     rows = {
         name: row

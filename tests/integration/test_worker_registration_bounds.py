@@ -110,18 +110,6 @@ def _pages(service: Service, limit: int) -> list[list[str]]:
         params = {"limit": limit, "cursor": cursor}
 
 
-def _dashboard(service: Service) -> httpx.Client:
-    browser = httpx.Client(base_url=service.url, timeout=30)
-    form = browser.get("/login")
-    field = re.search(r'name="form_token" value="([^"]+)"', form.text)
-    assert field is not None, form.text
-    login = browser.post(
-        "/login", data={"token": service.admin_token, "form_token": field.group(1)}
-    )
-    assert login.status_code == 303, login.text
-    return browser
-
-
 def test_the_workers_list_pages_in_the_api_and_the_dashboard(service: Service) -> None:
     names = []
     for t in range(18):  # more workers than a dashboard page holds (50)
@@ -143,17 +131,14 @@ def test_the_workers_list_pages_in_the_api_and_the_dashboard(service: Service) -
     assert service.client.get("/api/v1/workers", params={"cursor": "nope"}).status_code == 422
     assert service.client.get("/api/v1/workers", params={"limit": 501}).status_code == 422
 
-    browser = _dashboard(service)
-    try:
-        dashboard_pages: list[list[str]] = []
-        url: str | None = "/workers"
-        while url is not None:
-            page = browser.get(url)
-            assert page.status_code == 200, page.text[:500]
-            dashboard_pages.append(re.findall(r'<a href="/\?worker=[^"]*">([^<]+)</a>', page.text))
-            older = re.search(r'<a href="([^"]+)" rel="next">', page.text)
-            url = older.group(1).replace("&amp;", "&") if older else None
-        assert [len(p) for p in dashboard_pages] == [50, 4]
-        assert [n for p in dashboard_pages for n in p] == newest_first
-    finally:
-        browser.close()
+    browser = service.dashboard()
+    dashboard_pages: list[list[str]] = []
+    url: str | None = "/workers"
+    while url is not None:
+        page = browser.get(url)
+        assert page.status_code == 200, page.text[:500]
+        dashboard_pages.append(re.findall(r'<a href="/\?worker=[^"]*">([^<]+)</a>', page.text))
+        older = re.search(r'<a href="([^"]+)" rel="next">', page.text)
+        url = older.group(1).replace("&amp;", "&") if older else None
+    assert [len(p) for p in dashboard_pages] == [50, 4]
+    assert [n for p in dashboard_pages for n in p] == newest_first

@@ -315,7 +315,5 @@ def _digest_batches(ds: tf.data.Dataset, per_digest: int, digests: list[StreamDi
         leaves = [np.asarray(leaf) for leaf in tf.nest.flatten(element)]
         batches = [[leaf[i] for leaf in leaves] for i in range(len(leaves[0]))]
         for batch in batches if chunk > 1 else [leaves]:
-            digest = digests[position // per_digest]
-            for leaf_id, leaf in enumerate(batch):
-                digest.add_array(f"{position % per_digest}/{leaf_id}", leaf)
+            digests[position // per_digest].add_batch(position % per_digest, batch)
             position += 1

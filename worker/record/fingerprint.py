@@ -268,6 +268,12 @@ class StreamDigest:
         self._hash.update(_header(name, array))
         self._hash.update(_raw_bytes(array))
 
+    def add_batch(self, batch_id: int, leaves: Iterable[Any]) -> None:
+        """Feed one batch's leaves (arrays, or tensors), named `<batch id>/<leaf id>`: the
+        names a data fingerprint gives them, wherever the batch is read."""
+        for leaf_id, leaf in enumerate(leaves):
+            self.add_array(f"{batch_id}/{leaf_id}", leaf)
+
     def hexdigest(self) -> str:
         """`<algorithm>:<hex>` of everything fed so far."""
         return f"{self.algorithm}:{self._hash.digest().hex()}"

@@ -438,8 +438,7 @@ class _Training:
                 _batches(pipelines.evaluation(job.eval_data), job.data.name)
             ):
                 if digest is not None:
-                    digest.add_array(f"{i}/0", np.asarray(x))
-                    digest.add_array(f"{i}/1", np.asarray(y))
+                    digest.add_batch(i, (x, y))
                 job.eval_step(x, y)
             if digest is not None:
                 self.eval_digest = digest.hexdigest()

@@ -152,8 +152,7 @@ def epoch_steps(
         for batch in range(first_batch + 1, num_batches + 1):
             x, y = next_xy(iterator, generator)
             if digest is not None:
-                digest.add_array(f"{batch - 1}/0", np.asarray(x))
-                digest.add_array(f"{batch - 1}/1", np.asarray(y))
+                digest.add_batch(batch - 1, (x, y))
             loss = single(x, y)
             step += 1
             yield batch, step, loss
@@ -167,7 +166,6 @@ def epoch_steps(
             if digest is not None:
                 xs, ys = np.asarray(xs), np.asarray(ys)
                 for j in range(k):
-                    digest.add_array(f"{batch + j}/0", xs[j])
-                    digest.add_array(f"{batch + j}/1", ys[j])
+                    digest.add_batch(batch + j, (xs[j], ys[j]))
         batch, step = batch + k, step + k
         yield batch, step, loss

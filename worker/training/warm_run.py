@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    ran = sys.modules.get("worker.run")
-    if ran is not None:  # a job ran: its result is out, the teardown can be skipped
-        ran.exit_now(code)
-    sys.exit(code)
+    from worker.run import exit_now  # imported with the job's modules
+
+    exit_now(code)  # the job's result is out: its teardown can be skipped, as a cold job's is
