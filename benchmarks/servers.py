@@ -103,8 +103,10 @@ def worker_agent(server: Server, work_dir: Path, name: str = "bench") -> Iterato
 
     work_dir.mkdir(parents=True, exist_ok=True)
     with open(work_dir / "agent.log", "w") as log:
-        token = server.token("worker", name)
-        args = ["worker", "--api", server.url, "--token", token, "--name", name]
+        token_file = work_dir / "worker-token"
+        token_file.write_text(server.token("worker", name))
+        token_file.chmod(0o600)
+        args = ["worker", "--api", server.url, "--token-file", str(token_file), "--name", name]
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", *args, "--work-dir", str(work_dir)],
             env=job_env(),

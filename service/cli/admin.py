@@ -12,6 +12,7 @@ from service.cli.output import (
     Command,
     Group,
     JsonFlag,
+    TokenFileOption,
     TokenOption,
     api_error_exit,
     emit_json,
@@ -32,6 +33,7 @@ def create(
     expires_days: Annotated[float | None, typer.Option(help="lifetime in days")] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a token; its secret is printed once and never again."""
@@ -39,7 +41,9 @@ def create(
 
     try:
         created = (
-            repro_client(api, token).tokens.create(name, role, expires_in_days=expires_days).raw
+            repro_client(api, token, token_file)
+            .tokens.create(name, role, expires_in_days=expires_days)
+            .raw
         )
     except ApiError as exc:
         raise api_error_exit(exc) from None
@@ -56,7 +60,10 @@ def create(
 
 @token_app.command("list", cls=Command)
 def list_(
-    api: ApiOption = DEFAULT_API, token: TokenOption = None, as_json: JsonFlag = False
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Every token, without secrets."""
     from rich.table import Table
@@ -64,7 +71,7 @@ def list_(
     from reprotrain import ApiError
 
     try:
-        tokens = [t.raw for t in repro_client(api, token).tokens.list()]
+        tokens = [t.raw for t in repro_client(api, token, token_file).tokens.list()]
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:
@@ -89,13 +96,14 @@ def revoke(
     token_id: int,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Revoke a token at once."""
     from reprotrain import ApiError
 
     try:
-        revoked = repro_client(api, token).tokens.revoke(token_id).raw
+        revoked = repro_client(api, token, token_file).tokens.revoke(token_id).raw
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:
@@ -109,6 +117,7 @@ def audit(
     limit: int = 50,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
@@ -117,7 +126,7 @@ def audit(
     from reprotrain import ApiError
 
     try:
-        page = repro_client(api, token).audit_log(action=action, limit=limit).raw
+        page = repro_client(api, token, token_file).audit_log(action=action, limit=limit).raw
     except ApiError as exc:
         raise api_error_exit(exc) from None
     if as_json:

@@ -14,6 +14,7 @@ from service.cli.output import (
     Command,
     Group,
     JsonFlag,
+    TokenFileOption,
     TokenOption,
     err,
     repro_client,
@@ -41,6 +42,7 @@ def push(
     name: Annotated[str | None, typer.Option(help="a label (default: the wheel's name)")] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Build a wheel of a project directory (offline), or take one, upload it, and print its
@@ -49,7 +51,9 @@ def push(
         err.print(f"{source} is neither a project directory nor a .whl file", markup=False)
         raise typer.Exit(2)
     try:
-        record = stored.fetched(lambda: repro_client(api, token).code.push(source, name=name))
+        record = stored.fetched(
+            lambda: repro_client(api, token, token_file).code.push(source, name=name)
+        )
     except ValueError as exc:  # building the project's wheel failed: pip's reason
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -65,10 +69,11 @@ def list_(
     limit: stored.LimitOption = 50,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Code bundles stored on the API, newest first."""
-    page = stored.fetched(lambda: repro_client(api, token).code.page(limit=limit))
+    page = stored.fetched(lambda: repro_client(api, token, token_file).code.page(limit=limit))
     headers = ("name", "size", "components", "pushed by", "when")
     stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
@@ -82,10 +87,11 @@ def show(
     digest: stored.DigestArgument,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """One bundle: its files with their digests, its components, which runs used it."""
-    record = stored.fetched(lambda: repro_client(api, token).code.get(digest))
+    record = stored.fetched(lambda: repro_client(api, token, token_file).code.get(digest))
     stored.shown(record, as_json=as_json, lines=_lines)
 
 

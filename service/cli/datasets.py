@@ -14,6 +14,7 @@ from service.cli.output import (
     Command,
     Group,
     JsonFlag,
+    TokenFileOption,
     TokenOption,
     repro_client,
 )
@@ -39,11 +40,12 @@ def push(
     name: Annotated[str | None, typer.Option(help="a label (default: the file name)")] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Upload a dataset (streamed, with its SHA-256) and print its digest for `dataset.data`."""
     record = stored.fetched(
-        lambda: repro_client(api, token).datasets.push(file, name=name or file.name)
+        lambda: repro_client(api, token, token_file).datasets.push(file, name=name or file.name)
     )
     stored.pushed(record, as_json=as_json, summary=_summary)
 
@@ -57,6 +59,7 @@ def list_(
     limit: stored.LimitOption = 50,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Datasets stored on the API, newest first.
@@ -64,7 +67,7 @@ def list_(
     Digests are printed whole, unless stdout is a terminal too narrow for them: then as
     prefixes unique among those listed.
     """
-    page = stored.fetched(lambda: repro_client(api, token).datasets.page(limit=limit))
+    page = stored.fetched(lambda: repro_client(api, token, token_file).datasets.page(limit=limit))
     headers = ("name", "samples", "size", "arrays", "pushed by", "when")
     stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
@@ -85,10 +88,11 @@ def show(
     digest: stored.DigestArgument,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """One dataset: its arrays with shapes and dtypes, who pushed it, which runs used it."""
-    record = stored.fetched(lambda: repro_client(api, token).datasets.get(digest))
+    record = stored.fetched(lambda: repro_client(api, token, token_file).datasets.get(digest))
     stored.shown(record, as_json=as_json, lines=_lines)
 
 

@@ -14,6 +14,7 @@ from service.cli.output import (
     Command,
     Group,
     JsonFlag,
+    TokenFileOption,
     TokenOption,
     repro_client,
 )
@@ -36,6 +37,7 @@ def push(
     name: Annotated[str | None, typer.Option(help="a label (default: the file name)")] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Upload a model definition and print its digest for `model.definition`.
@@ -43,7 +45,7 @@ def push(
     Only the architecture is used: weights in a .keras archive are ignored.
     """
     record = stored.fetched(
-        lambda: repro_client(api, token).models.push(file, name=name or file.name)
+        lambda: repro_client(api, token, token_file).models.push(file, name=name or file.name)
     )
     stored.pushed(record, as_json=as_json, summary=_summary)
 
@@ -60,10 +62,11 @@ def list_(
     limit: stored.LimitOption = 50,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Model definitions stored on the API, newest first."""
-    page = stored.fetched(lambda: repro_client(api, token).models.page(limit=limit))
+    page = stored.fetched(lambda: repro_client(api, token, token_file).models.page(limit=limit))
     headers = ("name", "layers", "parameters", "format", "pushed by", "when")
     stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
@@ -78,11 +81,12 @@ def show(
     digest: stored.DigestArgument,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """One model definition: its layers with their parameters, who pushed it, which runs
     trained it."""
-    record = stored.fetched(lambda: repro_client(api, token).models.get(digest))
+    record = stored.fetched(lambda: repro_client(api, token, token_file).models.get(digest))
     stored.shown(record, as_json=as_json, lines=_lines)
 
 

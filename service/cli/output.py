@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -43,8 +44,38 @@ ApiOption = Annotated[
     str,
     typer.Option("--api", envvar="REPRO_API_URL", help="base URL of the Reprotrain API"),
 ]
+
+
+def _warn_token_on_command_line(ctx: typer.Context, value: str | None) -> str | None:
+    # A command line is world-readable in /proc/<pid>/cmdline for as long as the command runs.
+    from typer._click.core import ParameterSource
+
+    if value and ctx.get_parameter_source("token") is ParameterSource.COMMANDLINE:
+        err.print(
+            "[yellow]warning:[/yellow] --token on the command line is readable by every local "
+            "user in the process list; use --token-file or REPRO_TOKEN",
+            highlight=False,
+        )
+    return value
+
+
 TokenOption = Annotated[
-    str | None, typer.Option("--token", envvar="REPRO_TOKEN", help="API bearer token")
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="REPRO_TOKEN",
+        callback=_warn_token_on_command_line,
+        help="API bearer token (prefer --token-file or REPRO_TOKEN: a command line is public)",
+    ),
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        envvar="REPRO_TOKEN_FILE",
+        dir_okay=False,
+        help="file holding the API bearer token (keep it owner-only)",
+    ),
 ]
 DEFAULT_API = os.environ.get("REPRO_API_URL", "http://127.0.0.1:8000")
 
@@ -71,8 +102,45 @@ class Group(TyperGroup):
         return _hide_flag_types(super().get_params(ctx))
 
 
-def resolve_token(token: str | None) -> str | None:
-    """The given token, else REPRO_TOKEN, else the local embedded server's admin token."""
+class TokenFileError(ValueError):
+    """A token file that cannot be used: unreadable, empty, or beside --token."""
+
+
+def read_token_file(path: Path) -> str:
+    """The token a file holds (its first line, stripped); TokenFileError saying why not."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(_TOKEN_FILE_MAX + 1)
+    except OSError as exc:
+        raise TokenFileError(f"cannot read the token file {path}: {exc.strerror or exc}") from None
+    text = data.decode("utf-8", "replace").strip()
+    if len(data) > _TOKEN_FILE_MAX or "\n" in text:
+        raise TokenFileError(f"{path} holds more than one token line")
+    if not text:
+        raise TokenFileError(f"the token file {path} is empty")
+    return text
+
+
+_TOKEN_FILE_MAX = 4096  # a token is under 100 characters; a file past this is not one
+
+
+def token_from(token: str | None, token_file: Path | None) -> str | None:
+    """The token of --token-file, else of --token / REPRO_TOKEN; both given is an error."""
+    if token_file is None:
+        return token
+    if token:
+        raise TokenFileError("give the token once: --token-file, or --token / REPRO_TOKEN")
+    return read_token_file(token_file)
+
+
+def resolve_token(token: str | None, token_file: Path | None = None) -> str | None:
+    """The token of --token-file, else --token / REPRO_TOKEN, else the local embedded
+    server's admin token. Exits 2 with the reason when the token file cannot be used."""
+    try:
+        token = token_from(token, token_file)
+    except TokenFileError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     if token:
         return token
     from service.auth.bootstrap import read_token_file
@@ -81,11 +149,11 @@ def resolve_token(token: str | None) -> str | None:
     return read_token_file(Settings().data_dir)
 
 
-def repro_client(api: str, token: str | None) -> Client:
+def repro_client(api: str, token: str | None, token_file: Path | None = None) -> Client:
     """The Python client of the API, with the given or the local token."""
     from reprotrain import Client
 
-    return Client(api, resolve_token(token))
+    return Client(api, resolve_token(token, token_file))
 
 
 def api_error_lines(exc: ApiError) -> list[str]:

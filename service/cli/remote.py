@@ -13,6 +13,7 @@ from service.cli.output import (
     ApiOption,
     Command,
     JsonFlag,
+    TokenFileOption,
     TokenOption,
     TrainingBar,
     api_error_exit,
@@ -21,6 +22,7 @@ from service.cli.output import (
     metrics_line,
     print_table,
     repro_client,
+    resolve_token,
 )
 
 if TYPE_CHECKING:  # imported where used: `repro --help` should not wait for an HTTP client
@@ -127,13 +129,14 @@ def submit(
     ] = 1,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit an experiment spec (YAML or JSON) and print its run id."""
     from reprotrain import ApiError, SpecFileError
 
-    client = repro_client(api, token)
+    client = repro_client(api, token, token_file)
     try:
         # Read here, so a malformed file is named; each submit carries an idempotency key,
         # so a retried one (lost answer) creates no second experiment.
@@ -173,13 +176,14 @@ def rerun(
     wait: WaitFlag = False,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Rerun a run by id; with --wait, print the verdict (exit 1 unless identical)."""
     from reprotrain import ApiError
 
-    client = repro_client(api, token)
+    client = repro_client(api, token, token_file)
     try:
         new = client.rerun(run_id)
     except ApiError as exc:
@@ -194,6 +198,7 @@ def status(
     ] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     limit: Annotated[
         int, typer.Option(min=0, help="runs to list, newest first; 0: every run")
     ] = 20,
@@ -203,7 +208,7 @@ def status(
     from reprotrain import ApiError
     from worker.compare.verdict import describe
 
-    client = repro_client(api, token)
+    client = repro_client(api, token, token_file)
     try:
         if run_id is not None:
             detail = client.run(run_id).raw
@@ -309,6 +314,7 @@ def compare(
     ] = False,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -326,6 +332,7 @@ def compare(
     from worker.result import read_result
 
     if len(runs) != 2:
+        token = resolve_token(token, token_file)
         raise typer.Exit(_compare_many(runs, refine=refine, api=api, token=token, json=as_json))
     a, b = runs
     if Path(a).is_file() and Path(b).is_file():
@@ -339,7 +346,7 @@ def compare(
         except ValueError:
             err.print(f"[red]not a run id or a result file:[/red] {a if not a.isdigit() else b}")
             raise typer.Exit(2) from None
-        client = repro_client(api, token)
+        client = repro_client(api, token, token_file)
         try:
             report = client.compare(*ids).raw
             if refine and report["verdict"] == "diverged":
@@ -398,13 +405,14 @@ def audit_copies(
     wait: WaitFlag = False,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Show a reproducibility audit (submit --copies N); exit 0 only if all copies agree."""
     from reprotrain import ApiError
 
-    client = repro_client(api, token)
+    client = repro_client(api, token, token_file)
     try:
         raise typer.Exit(_show_audit(client, audit_id, wait=wait, as_json=as_json, timeout=timeout))
     except ApiError as exc:

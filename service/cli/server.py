@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.cli.output import DEFAULT_API, ApiOption, Command, Group, TokenOption, err
+from service.cli.output import (
+    DEFAULT_API,
+    ApiOption,
+    Command,
+    Group,
+    TokenFileOption,
+    err,
+    resolve_token,
+)
 
 if TYPE_CHECKING:  # imported where used: `repro --help` should not wait for them
     import uvicorn
@@ -363,9 +371,34 @@ def _executor_setup(
     return {}, image or []
 
 
+def _worker_token(ctx: typer.Context, token: str | None, token_file: Path | None) -> str | None:
+    """The agent's token from --token-file or REPRO_TOKEN; exits 2 for one on the command line,
+    where every local user and every job on the machine could read it for the agent's life."""
+    from typer._click.core import ParameterSource
+
+    if token and ctx.get_parameter_source("token") is ParameterSource.COMMANDLINE:
+        err.print(
+            "[red]refused:[/red] a worker's token on the command line stays readable in the "
+            "process list for the agent's whole life; put it in an owner-only file and pass "
+            "--token-file FILE (or set REPRO_TOKEN_FILE or REPRO_TOKEN)",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    return resolve_token(token, token_file) if token_file else token
+
+
 def worker(
+    ctx: typer.Context,
     api: ApiOption = DEFAULT_API,
-    token: TokenOption = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="REPRO_TOKEN",
+            help="refused on the command line (it would be public): use --token-file",
+        ),
+    ] = None,
+    token_file: TokenFileOption = None,
     name: WorkerNameOption = None,
     work_dir: WorkDirOption = None,
     max_jobs: MaxJobsOption = None,
@@ -407,6 +440,7 @@ def worker(
     from worker.node.executors import ExecutorUnavailable
 
     _configure_logging()
+    token = _worker_token(ctx, token, token_file)
     executor_options, images = _executor_setup(
         executor=executor,
         image=image,

@@ -11,6 +11,7 @@ from service.cli.output import (
     ApiOption,
     Command,
     JsonFlag,
+    TokenFileOption,
     TokenOption,
     api_error_exit,
     emit_json,
@@ -33,13 +34,14 @@ def spot_check(
     timeout: Annotated[float | None, typer.Option(help="give up waiting after seconds")] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Replay random segments of a succeeded run from its checkpoints, on other workers where
     there are; with --wait, exit 0 when every one ended bit for bit on the run's checkpoint."""
     from reprotrain import ApiError, WaitTimeout
 
-    client = repro_client(api, token)
+    client = repro_client(api, token, token_file)
     try:
         check = client.spot_check(run_id, segments=segments, seed=seed)
         if not wait:

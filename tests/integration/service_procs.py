@@ -159,13 +159,16 @@ class WorkerProc:
         work_dir.mkdir(parents=True, exist_ok=True)
         self.log = work_dir / "agent.log"
         self._log = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        token_file = work_dir / "worker-token"  # never on the command line: it is public
+        token_file.write_text(token)
+        token_file.chmod(0o600)
         self.proc = subprocess.Popen(
             repro_command(
                 "worker",
                 "--api",
                 api,
-                "--token",
-                token,
+                "--token-file",
+                str(token_file),
                 "--name",
                 name,
                 "--work-dir",
