@@ -68,14 +68,15 @@ def make_wheel(
     version: str = "1.0",
     record_override: dict[str, bytes] | None = None,
     unlisted: dict[str, bytes] | None = None,
+    metadata_headers: bytes = b"",
 ) -> bytes:
     """A wheel of `files` with METADATA, entry points and a RECORD of their digests;
     `record_override` lists other bytes in RECORD than the wheel holds, `unlisted` adds
-    members RECORD does not name."""
+    members RECORD does not name, `metadata_headers` more header lines to METADATA."""
     info = f"{name}-{version}.dist-info"
     members = dict(files)
     members[f"{info}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode() + metadata_headers
     )
     members[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     members[f"{info}/entry_points.txt"] = entry_points.encode()

@@ -133,6 +133,10 @@ REFUSED = {
         ),
         "groups 'reprotrain.layers', 'reprotrain.metrics' are not ones a bundle may declare",
     ),
+    "metadata header lines": (
+        make_wheel({"ring_bundle/a.py": b""}, metadata_headers=b"Classifier: x\n" * 1000),
+        "METADATA's headers run past 1000 lines",
+    ),
     "too many files": (
         make_wheel({f"ring_bundle/m{i}.py": b"" for i in range(MAX_FILES + 1)}),
         "REPRO_MAX_CODE_BUNDLE_FILES",

@@ -38,6 +38,13 @@ GROUPS = (
 MAX_MEMBERS = 2000  # files in one wheel
 MAX_MEMBER_BYTES = 64 * 1024**2  # one file, inflated
 MAX_TOTAL_BYTES = 256 * 1024**2  # every file, inflated
+# The metadata files are read before anything else is trusted, so each is bounded before it
+# is parsed: METADATA's header block (its description, after the first blank line, is never
+# read), RECORD (one row per member) and entry_points.txt.
+MAX_METADATA_HEADER_LINES = 1000
+MAX_METADATA_HEADER_BYTES = 256 * 1024
+MAX_RECORD_BYTES = 4 * 1024**2
+MAX_ENTRY_POINTS_BYTES = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _ENTRY_VALUE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 
@@ -103,10 +110,31 @@ def _dist_info(zf: zipfile.ZipFile) -> str:
     return found[0]
 
 
+def _read_small(zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
+    """A member of at most `limit` bytes (KeyError when absent), refused before it is read."""
+    size = zf.getinfo(name).file_size
+    if size > limit:
+        raise CodeBundleError(f"{name} is {size} bytes, more than the {limit} a bundle may have")
+    return zf.read(name)
+
+
+def _member_sha256(zf: zipfile.ZipFile, path: str) -> tuple[Any, int]:
+    """The SHA-256 of a member and its size, read in chunks (a member may be 64 MiB)."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        with zf.open(path) as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+    except KeyError:
+        raise CodeBundleError(f"RECORD lists {path!r}, which the wheel lacks") from None
+    return digest, size
+
+
 def _read_record(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, Any]]:
     record_name = f"{dist_info}/RECORD"
     try:
-        text = zf.read(record_name).decode("utf-8")
+        text = _read_small(zf, record_name, MAX_RECORD_BYTES).decode("utf-8")
     except (KeyError, UnicodeDecodeError):
         raise CodeBundleError(f"the wheel has no readable {record_name}") from None
     files, listed = [], set()
@@ -116,16 +144,15 @@ def _read_record(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, Any]]:
         path = _safe_member(row[0])
         if path == record_name or path.endswith("/RECORD.jws") or path.endswith("/RECORD.p7s"):
             continue
+        if path in listed:  # each listed file is read and hashed once, not once per row
+            raise CodeBundleError(f"RECORD lists {path!r} more than once")
         if len(row) < 3 or not row[1].startswith("sha256="):
             raise CodeBundleError(f"RECORD gives {path!r} no sha256 digest")
-        try:
-            data = zf.read(path)
-        except KeyError:
-            raise CodeBundleError(f"RECORD lists {path!r}, which the wheel lacks") from None
-        actual = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        digest, size = _member_sha256(zf, path)
+        actual = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
         if actual != row[1].removeprefix("sha256="):
             raise CodeBundleError(f"{path!r} does not match its RECORD digest")
-        files.append({"path": path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+        files.append({"path": path, "sha256": digest.hexdigest(), "size": size})
         listed.add(path)
     unlisted = [
         n for n in zf.namelist() if not n.endswith("/") and n not in listed and n != record_name
@@ -137,7 +164,8 @@ def _read_record(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, Any]]:
 
 def _entry_points(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, str]]:
     try:
-        text = zf.read(f"{dist_info}/entry_points.txt").decode("utf-8")
+        name = f"{dist_info}/entry_points.txt"
+        text = _read_small(zf, name, MAX_ENTRY_POINTS_BYTES).decode("utf-8")
     except KeyError:
         return []
     except UnicodeDecodeError:
@@ -164,14 +192,33 @@ def _entry_points(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, str]]:
     return found
 
 
-def _metadata(zf: zipfile.ZipFile, dist_info: str) -> tuple[str, str]:
+def _metadata_headers(zf: zipfile.ZipFile, dist_info: str) -> list[str]:
+    """The header lines of METADATA, read line by line up to the blank line that ends them,
+    within MAX_METADATA_HEADER_LINES and MAX_METADATA_HEADER_BYTES."""
     try:
-        text = zf.read(f"{dist_info}/METADATA").decode("utf-8", errors="replace")
+        fh = zf.open(f"{dist_info}/METADATA")
     except KeyError:
         raise CodeBundleError(f"the wheel has no {dist_info}/METADATA") from None
-    fields = dict(
-        line.split(": ", 1) for line in text.split("\n\n", 1)[0].splitlines() if ": " in line
-    )
+    lines: list[str] = []
+    read = 0
+    with fh:
+        while line := fh.readline(MAX_METADATA_HEADER_BYTES - read + 1):
+            read += len(line)
+            if read > MAX_METADATA_HEADER_BYTES or len(lines) >= MAX_METADATA_HEADER_LINES:
+                raise CodeBundleError(
+                    f"METADATA's headers run past {MAX_METADATA_HEADER_LINES} lines or "
+                    f"{MAX_METADATA_HEADER_BYTES} bytes: not a bundle's metadata"
+                )
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            if not text:
+                break
+            lines.append(text)
+    return lines
+
+
+def _metadata(zf: zipfile.ZipFile, dist_info: str) -> tuple[str, str]:
+    headers = _metadata_headers(zf, dist_info)
+    fields = dict(line.split(": ", 1) for line in headers if ": " in line)
     name, version = fields.get("Name", "").strip(), fields.get("Version", "").strip()
     if not _NAME.match(name) or not _NAME.match(version):
         raise CodeBundleError("the wheel's METADATA has no usable Name and Version")
