@@ -3,6 +3,9 @@
 A body is refused as it streams in, chunked or not, whatever its `Content-Length` says:
 - 401 before a single byte of it is read when an API request carries a body without a
   bearer token of the right shape (the route still verifies the token itself);
+- for the routes that take more than `max_body_bytes` (uploads, a worker's result), 401 or
+  403 before a byte is read unless the token is valid and its role may use the route: a
+  stranger cannot make the server read 64 MiB to learn that their token is wrong;
 - 413 as soon as the bytes received pass the route's limit: `max_body_bytes` for JSON,
   `max_artifact_bytes` for uploads, `max_dataset_bytes` for dataset pushes,
   `max_result_bytes` for a worker's result;
@@ -23,10 +26,13 @@ import time
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.auth.tokens import TOKEN_PATTERN as TOKEN_SYNTAX
+from service.auth.tokens import Permission
 from service.config import Settings
+from service.errors import ServiceError
 
 # Routes that stream large bodies to disk under the upload limit; everything else is JSON.
 # Dataset pushes stream to disk too, under their own limit.
@@ -45,6 +51,18 @@ class BodyRefused(HTTPException):
 
     def __init__(self, status_code: int, detail: str) -> None:
         super().__init__(status_code=status_code, detail=detail, headers=_CLOSE)
+
+
+def large_body_permission(method: str, path: str) -> Permission | None:
+    """The permission a large-body route needs, checked before its body is read; None for
+    the routes bounded by `max_body_bytes`, whose routes check it themselves."""
+    if method != "POST":
+        return None
+    if RESULT_REPORT.match(path) or any(p.match(path) for p in UPLOAD_ROUTES):
+        return "work"
+    if DATASET_UPLOAD.match(path) or CODE_UPLOAD.match(path) or MODEL_UPLOAD.match(path):
+        return "submit"
+    return None
 
 
 def body_limit(settings: Settings, method: str, path: str) -> int:
@@ -127,6 +145,10 @@ class BodyLimits:
                 {"WWW-Authenticate": "Bearer"},
             )
             return
+        permission = large_body_permission(scope["method"], scope["path"])
+        if permission is not None and (refused := await _refused_caller(scope, permission)):
+            await reply(send, refused.status_code, str(refused), refused_headers(refused))
+            return
         limit = body_limit(self.settings, scope["method"], scope["path"])
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
@@ -149,6 +171,29 @@ class BodyLimits:
             if started:
                 raise
             await reply(send, exc.status_code, str(exc.detail))
+
+
+async def _refused_caller(scope: Scope, permission: Permission) -> ServiceError | None:
+    """Why the caller may not send this route a body (a bad token, a role without
+    `permission`, too many bad tokens), verified as the route's own dependency would; None
+    when it may. The route checks again, from the token cache."""
+    from service.api.deps import principal_of
+
+    try:
+        principal = await principal_of(Request(scope))
+        principal.require(permission)
+    except ServiceError as exc:
+        return exc
+    return None
+
+
+def refused_headers(exc: ServiceError) -> dict[str, str]:
+    """The headers an auth refusal is answered with."""
+    if exc.status_code == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    if exc.retry_after is not None:
+        return {"Retry-After": str(exc.retry_after)}
+    return {}
 
 
 def _closing(start: Message) -> Message:

@@ -122,18 +122,34 @@ def test_a_trickled_body_nobody_reads_is_cut_off(
     still_serves(service)
 
 
-@pytest.mark.parametrize(
-    "path", ["/api/v1/runs/1/artifacts?name=model.bin", "/api/v1/datasets?name=d"]
-)
+LARGE_BODY_ROUTES = [
+    "/api/v1/runs/1/artifacts?name=model.bin",
+    "/api/v1/datasets?name=d",
+    "/api/v1/runs/1/complete",  # JSON, but parsed before the route's own token check ran
+]
+
+
+@pytest.mark.parametrize("path", LARGE_BODY_ROUTES)
 def test_an_upload_refused_for_its_token_is_not_read_on(service: Service, path: str) -> None:
     # As fast as loopback takes it, up to four times the limit: a server that kept reading
-    # after the 401 would take it all.
+    # after the 401 would take it all (and answer 413 once past the limit).
     head = chunked_head("POST", path, FORGED)
     got = stream_body(service.port, head, chunk=64 * 1024, every=0.01, most=4 * LIMIT)
     assert got.closed_after is not None, f"{got.sent} bytes taken and still open"
     assert got.closed_after < CLOSED_WITHIN, got.closed_after
     assert got.sent <= LIMIT, f"{got.sent} bytes taken after the answer"
     assert answer_status(got.answer) == 401, got.answer[:300]
+    still_serves(service)
+
+
+def test_a_result_from_a_role_that_reports_none_is_refused_before_its_body(
+    service: Service,
+) -> None:
+    # A valid token whose role may not report results: 403 up front, not after the body.
+    head = chunked_head("POST", "/api/v1/runs/1/complete", service.admin_token)
+    got = stream_body(service.port, head, chunk=64 * 1024, every=0.01, most=4 * LIMIT)
+    assert got.closed_after is not None and got.closed_after < CLOSED_WITHIN, got
+    assert answer_status(got.answer) == 403, got.answer[:300]
     still_serves(service)
 
 
