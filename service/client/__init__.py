@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from .admin import Tokens
 from .client import Client, Run, RunPage
-from .errors import ApiError, ReproError, SpecFileError, Unreachable, WaitTimeout
+from .errors import (
+    ApiError,
+    InsecureTransportWarning,
+    ReproError,
+    SpecFileError,
+    Unreachable,
+    WaitTimeout,
+)
 from .models import (
     ArrayInfo,
     Audit,
@@ -57,6 +64,7 @@ __all__ = [
     "Datasets",
     "DifferingField",
     "Experiment",
+    "InsecureTransportWarning",
     "MetricCurve",
     "ModelDefinition",
     "ModelDefinitionPage",

@@ -10,6 +10,10 @@ class ReproError(Exception):
     """Anything the client raises on purpose."""
 
 
+class InsecureTransportWarning(UserWarning):
+    """A token is about to be sent in clear text (plain http:// to another machine)."""
+
+
 class ApiError(ReproError):
     """The API answered with an error: `status_code`, its `reason`, and the per-field
     `errors` ({"loc", "msg"}) where it listed them."""

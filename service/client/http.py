@@ -4,7 +4,9 @@ never repeat an action the server may have taken."""
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -12,11 +14,25 @@ from typing import Any
 
 import httpx
 
-from .errors import ApiError, Unreachable
+from .errors import ApiError, InsecureTransportWarning, Unreachable
 
 PREFIX = "/api/v1"
 # 429: throttled; 503: overloaded or not ready. 502 and 504: a proxy lost the server.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+def carries_tokens_safely(url: str) -> bool:
+    """Whether a token sent to `url` stays off the network: https, or http to this machine."""
+    parsed = httpx.URL(url)
+    if parsed.scheme != "http":
+        return True
+    host = parsed.host
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -74,6 +90,13 @@ class Http:
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
+        if token and not carries_tokens_safely(self.url):
+            warnings.warn(
+                f"{self.url} is plain http to another machine: the API token travels in clear "
+                "text; use https:// (a TLS-terminating proxy in front of the API)",
+                InsecureTransportWarning,
+                stacklevel=3,
+            )
         self.retries = retries
         self.backoff = backoff
         self.max_retry_wait = max_retry_wait
