@@ -3,9 +3,11 @@
 A worker reports the variable paths its final checkpoint holds, and the server fingerprints
 the checkpoint with them; so a self-consistent checkpoint of any arrays at all would pass
 that check. Here the paths, dtypes and shapes (from the npz's member headers, nothing
-inflated) are compared with what is known independently of the worker: for a built-in
-architecture on a built-in generator, the layout its spec determines (computed without
-TensorFlow); otherwise the paths of the run's first trace point and the final checkpoint
+inflated) are compared with what is known independently of the worker: the layout the
+spec determines (computed without TensorFlow) for a built-in architecture on a built-in
+generator or on a stored dataset whose record gives its sample, and for a stored Keras model
+definition (from the definition's layers, `worker.models.definition_layout`); otherwise
+(code bundles, plugins) the paths of the run's first trace point and the final checkpoint
 of the family's reference run, which the server checked in its turn.
 """
 
@@ -18,11 +20,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import Artifact, Experiment, Run, TracePointRow
-from service.storage import artifacts
+from service.storage import artifacts, datasets, model_definitions
+from service.storage.by_digest import local_path
 from service.verification import verdicts
+from worker.data import arrays_fit
+from worker.data.batch_source import DataInfo
 from worker.errors import CheckpointError, ReproError
+from worker.models import data_fit, registry
+from worker.models import definition_layout as dl
 from worker.models import model_size as ms
-from worker.models import registry
+from worker.models.keras_definition import DefinitionLimits, DefinitionRefused, read_definition
 from worker.record.npz_reader import inspect_npz
 from worker.result import JobResult
 from worker.spec import ExperimentSpec, parse_spec
@@ -32,8 +39,11 @@ Difference = tuple[str, str]  # (path, what differs); no path for an order diffe
 _SHOWN = 5  # differences named in a message
 
 
-def spec_layout(spec: ExperimentSpec) -> list[Key] | None:
-    """The checkpoint layout a built-in job of this spec saves; None if not known from it."""
+def spec_layout(spec: ExperimentSpec, data: DataInfo | None = None) -> list[Key] | None:
+    """The checkpoint layout a built-in job of this spec saves; None if not known from it.
+
+    `data` is one sample of a stored dataset (`arrays`), whose shapes the spec does not say.
+    """
     generators = registry.components("generator")
     generator = generators.get(spec.dataset.generator)
     if (
@@ -43,8 +53,8 @@ def spec_layout(spec: ExperimentSpec) -> list[Key] | None:
         or generator.source != "builtin"
     ):
         return None
-    data = registry.sample_info(spec)
-    if data is None:  # stored arrays: their shapes are the dataset's, not the spec's
+    data = data or registry.sample_info(spec)
+    if data is None:  # stored arrays not described: their shapes are the dataset's
         return None
     layout = ms.training_state_layout(
         spec.model.architecture,
@@ -53,6 +63,47 @@ def spec_layout(spec: ExperimentSpec) -> list[Key] | None:
         optimizer=registry.OPTIMIZERS[spec.training.optimizer.name],
         optimizer_params=spec.training.optimizer.params,
     )
+    return [v.key for v in layout]
+
+
+def stored_sample(db: Session, spec: ExperimentSpec) -> DataInfo | None:
+    """One sample of the stored dataset an `arrays` spec trains on, as its job gets it, from
+    the dataset's record; None when the spec names none or the record does not say."""
+    ds = spec.dataset
+    if ds.generator != "arrays" or ds.data is None:
+        return None
+    described = datasets.described(db, ds.data)
+    if described is None:
+        return None
+    try:
+        return arrays_fit.describe(
+            ds.params, described, ds, token_ids=data_fit.takes_token_ids(spec)
+        )
+    except (arrays_fit.FitError, ReproError, ValueError):  # the job says why it cannot train
+        return None
+
+
+def definition_layout(db: Session, spec: ExperimentSpec) -> list[Key] | None:
+    """The checkpoint layout a job training the spec's stored model definition saves, from
+    the definition's layers; None when it is not stored here or its layout is not derivable."""
+    stored = model_definitions.find(db, spec.model.definition or "")
+    if spec.model.definition is None or stored is None:
+        return None
+    try:
+        data = local_path(stored).read_bytes()
+        # Accepted at push under this server's bounds: read again with bounds that admit it.
+        limits = DefinitionLimits(
+            max_bytes=len(data),
+            max_depth=10_000,
+            max_layers=max(DefinitionLimits().max_layers, stored.layer_count),
+        )
+        layout = dl.definition_state_layout(
+            read_definition(data, limits=limits),
+            optimizer=registry.OPTIMIZERS[spec.training.optimizer.name],
+            optimizer_params=spec.training.optimizer.params,
+        )
+    except (OSError, DefinitionRefused, dl.LayoutUnknown, ReproError, KeyError, ValueError):
+        return None
     return [v.key for v in layout]
 
 
@@ -151,11 +202,18 @@ def structure_differences(
     if run is None:
         return [], "nothing"
     try:
-        expected = spec_layout(parse_spec(run.experiment.spec))
+        spec = parse_spec(run.experiment.spec)
+        expected = spec_layout(spec, stored_sample(db, spec))
     except (ReproError, ValueError):  # a spec no built-in job could train: checked as others
-        expected = None
+        spec, expected = None, None
     if expected is not None:
         return differences(expected, found), "the layout its spec determines"
+    expected = definition_layout(db, spec) if spec is not None else None
+    if expected is not None:
+        # A hand-written config may list its layers out of graph order, which Keras's own
+        # order follows: every variable, dtype and shape is checked, not their order.
+        lines = [line for line in differences(expected, found) if line[0]]
+        return lines, "the layout its model definition determines"
     lines = path_differences(list(result.trace[0].variables), found)
     if lines:
         return lines, "the variables of its first trace point"

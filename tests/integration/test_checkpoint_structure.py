@@ -2,9 +2,11 @@
 
 A worker that uploads a self-consistent checkpoint (its reported fingerprint is the
 checkpoint's) of arrays training never made used to pass. Now the variable paths, dtypes
-and shapes are checked: for a built-in model against the layout its spec determines; for
-others against the run's first trace point and its family's reference. Workers here speak
-the protocol over HTTP to a real `repro serve` process, on SQLite and PostgreSQL.
+and shapes are checked: for a built-in model (on a built-in generator or a stored dataset)
+and for a stored Keras model definition against the layout the spec determines; for others
+(plugins, code bundles) against the run's first trace point and its family's reference.
+Workers here speak the protocol over HTTP to a real `repro serve` process, on SQLite and
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.integration.service_procs import Service
+from tests.integration.jobs import job_env
+from tests.integration.service_procs import Service, running
+from tests.integration.test_compare_runs_family import perturbable_spec
 from tests.integration.test_server_verification import SEED001, Arrays, npz_of, run_of, state
 from tests.integration.test_server_verification import point as trace_point
+from worker.models import registry
+from worker.models.definition_layout import definition_state_layout
+from worker.models.keras_definition import read_definition
 from worker.spec import parse_spec_text
 
 
@@ -201,11 +208,130 @@ def arrays_spec(digest: str) -> str:
     return json.dumps(spec)
 
 
-def test_other_models_are_checked_against_the_first_trace_point_and_the_reference(
+def test_a_forged_first_run_on_a_stored_dataset_fails_and_is_never_a_reference(
     service: Service,
 ) -> None:
+    # The first run of its family: no reference yet, and a first trace point of its own.
     worker = Worker(service, "stored-data")
     spec = arrays_spec(push_dataset(service.client))
+    forged_id = submit(service, spec, "forged-first", "application/json")
+    assert worker.claim() == forged_id
+    one = {"model/made_up": np.array([1.0, 2.0], dtype=np.float32)}
+    worker.report(forged_id, one, [one, one])
+    forged = run_of(service, forged_id)
+    assert forged["status"] == "failed" and not forged["is_reference"]
+    error = forged["error"]
+    assert error["type"] == "CheckpointStructureMismatch", error
+    assert "unexpected model/made_up (float32 [2])" in error["message"]
+    assert "missing model/dense_0/kernel" in error["message"]
+    assert "the layout its spec determines" in error["message"]
+
+    # The MLP's state on the dataset's 4 features and 2 classes is what it must hold.
+    honest_id = service.client.post(f"/api/v1/runs/{forged_id}/rerun").json()["id"]
+    assert worker.claim() == honest_id
+    done = worker.report(honest_id, mlp_state(0), [mlp_state(1), mlp_state(2)])
+    assert done.json()["status"] == "succeeded", done.text
+    assert run_of(service, honest_id)["is_reference"]
+
+
+def small_definition() -> bytes:
+    """A 58-parameter Keras definition: Dense(8) then Dense(2) on 4 features."""
+    import keras
+
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    hidden = keras.layers.Dropout(0.1)(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="logits")(hidden), name="small")
+    assert model.count_params() == 58
+    text: str = model.to_json()
+    return text.encode()
+
+
+def definition_spec(client: httpx.Client, definition: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(definition).hexdigest()
+    answer = client.post(
+        "/api/v1/models",
+        params={"name": "small"},
+        content=definition,
+        headers={"Content-Type": "application/octet-stream", "X-Content-SHA256": digest},
+    )
+    assert answer.status_code == 201, answer.text
+    spec = json.loads(json.dumps(parse_spec_text(SEED001).model_dump(mode="json")))
+    spec["model"] = {"architecture": "keras", "definition": digest, "params": {}}
+    return json.dumps(spec)
+
+
+def definition_state(definition: bytes, seed: int) -> Arrays:
+    """A training state holding what the definition's job holds, as a worker would save it."""
+    spec = parse_spec_text(SEED001)
+    layout = definition_state_layout(
+        read_definition(definition),
+        optimizer=registry.OPTIMIZERS[spec.training.optimizer.name],
+        optimizer_params=spec.training.optimizer.params,
+    )
+    rng = np.random.default_rng(seed)
+    return {v.path: rng.standard_normal(v.shape).astype(v.dtype) for v in layout}
+
+
+def test_a_forged_first_run_of_a_model_definition_fails_and_is_never_a_reference(
+    service: Service,
+) -> None:
+    definition = small_definition()
+    worker = Worker(service, "definitions")
+    forged_id = submit(
+        service, definition_spec(service.client, definition), "forged", "application/json"
+    )
+    assert worker.claim() == forged_id
+    one = {"model/made_up": np.arange(58, dtype=np.float32)}
+    answer = worker.report(forged_id, one, [one, one])
+    assert answer.status_code == 200, answer.text
+    forged = run_of(service, forged_id)
+    assert forged["status"] == "failed" and not forged["is_reference"]
+    assert forged["final_fingerprint"] is None
+    error = forged["error"]
+    assert error["type"] == "CheckpointStructureMismatch", error
+    assert "unexpected model/made_up (float32 [58])" in error["message"]
+    assert "missing model/hidden/kernel" in error["message"]
+    assert "the layout its model definition determines" in error["message"]
+    assert forged["reported_by"]["fingerprint"]["outcome"] == "structure"
+
+    # A wrong shape in an otherwise right state is named too.
+    reshaped_id = service.client.post(f"/api/v1/runs/{forged_id}/rerun").json()["id"]
+    assert worker.claim() == reshaped_id
+    final = definition_state(definition, 2)
+    final["model/logits/kernel"] = np.zeros((8, 3), dtype=np.float32)
+    worker.report(reshaped_id, definition_state(definition, 0), [final])
+    error = run_of(service, reshaped_id)["error"]
+    assert error["type"] == "CheckpointStructureMismatch", error
+    assert "model/logits/kernel: shape [8, 3], expected [8, 2]" in error["message"]
+
+    # What the definition's job holds (with its dropout's seed state) verifies.
+    honest_id = service.client.post(f"/api/v1/runs/{forged_id}/rerun").json()["id"]
+    assert worker.claim() == honest_id
+    states = [definition_state(definition, seed) for seed in range(3)]
+    assert "model/seed_generator/seed_generator_state" in states[0]
+    done = worker.report(honest_id, states[0], states[1:])
+    assert done.json()["status"] == "succeeded", done.text
+    assert run_of(service, honest_id)["is_reference"]
+
+
+def test_plugin_models_are_checked_against_the_first_trace_point_and_the_reference(
+    tmp_path: Path,
+) -> None:
+    # A plugin's model is built by code the server never imports: its layout is not known
+    # here, so its runs are held to their first trace point and their family's reference.
+    from tests.plugin_dist import PLUGIN_DIR, make_plugin_site
+
+    plugins = {
+        "PYTHONPATH": job_env([make_plugin_site(tmp_path / "site"), PLUGIN_DIR])["PYTHONPATH"]
+    }
+    with running(Service(tmp_path / "data", extra=("--no-demo",), env=plugins)) as (svc, _):
+        _held_to_the_first_point_and_the_reference(svc)
+
+
+def _held_to_the_first_point_and_the_reference(service: Service) -> None:
+    worker = Worker(service, "plugin-runs")
+    spec = json.dumps(perturbable_spec())
     first = submit(service, spec, "reference", "application/json")
     assert worker.claim() == first
     done = worker.report(first, mlp_state(0), [mlp_state(1), mlp_state(2)])
