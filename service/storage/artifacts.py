@@ -31,10 +31,17 @@ _EPOCH_FILE = re.compile(r"^epoch-(\d{6})\.(npz|json)$")
 log = logging.getLogger(__name__)
 
 
-def check_upload(name: str, declared_sha256: str | None) -> str:
-    """The declared digest, lower-cased; MalformedBody for a bad name or digest."""
+# The one file of kind "model" a run holds: a succeeded job's exported Keras model.
+MODEL_FILE = "model.keras"
+
+
+def check_upload(name: str, declared_sha256: str | None, *, kind: str = "checkpoint") -> str:
+    """The declared digest, lower-cased; MalformedBody for a bad name or digest, or a model
+    file not named MODEL_FILE (so a run holds one model, replaced by a later upload)."""
     if not re.fullmatch(SAFE_NAME, name):
         raise MalformedBody(f"artifact name {name!r} is not a plain file name")
+    if kind == "model" and name != MODEL_FILE:
+        raise MalformedBody(f"a run's model file is named {MODEL_FILE!r}, not {name!r}")
     digest = (declared_sha256 or "").lower()
     if not re.fullmatch(SHA256_HEX, digest):
         raise MalformedBody("X-Content-SHA256 must be the hex SHA-256 of the body")

@@ -101,7 +101,7 @@ def _operations(w: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]
             "POST",
             f"/api/v1/runs/{run}/artifacts",
             {
-                "params": {"worker_id": wid, "kind": "log", "name": "x.log"},
+                "params": {"worker_id": wid, "kind": "checkpoint", "name": "x.npz"},
                 "content": b"",
                 "headers": {"X-Content-SHA256": hashlib.sha256(b"").hexdigest()},
             },

@@ -271,7 +271,7 @@ def test_an_integer_of_5000_digits_is_refused_with_a_4xx(service: Service) -> No
 def test_an_upload_past_the_artifact_limit_is_cut_off_at_the_limit(service: Service) -> None:
     worker, worker_id, run_id = _held_run(service, "uploader")
     token = worker.headers["Authorization"].removeprefix("Bearer ")
-    path = f"/api/v1/runs/{run_id}/artifacts?worker_id={worker_id}&kind=log&name=big.bin"
+    path = f"/api/v1/runs/{run_id}/artifacts?worker_id={worker_id}&kind=checkpoint&name=big.bin"
     head = _head(path, token, "application/octet-stream").replace(
         b"\r\n\r\n", b"\r\nX-Content-SHA256: " + b"0" * 64 + b"\r\n\r\n", 1
     )
@@ -292,11 +292,11 @@ def _mode(path: Path) -> int:
 
 def test_database_wal_artifacts_and_tokens_are_owner_only(service: Service) -> None:
     worker, worker_id, run_id = _held_run(service, "modes")
-    content = b"a log line\n"
+    content = b"the exported model\n"
     digest = hashlib.sha256(content).hexdigest()
     uploaded = worker.post(
         f"/api/v1/runs/{run_id}/artifacts",
-        params={"worker_id": worker_id, "kind": "log", "name": "job.log"},
+        params={"worker_id": worker_id, "kind": "model", "name": "model.keras"},
         content=content,
         headers={"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"},
     )

@@ -78,28 +78,29 @@ def test_uploads_past_a_run_s_bounds_are_refused_and_nothing_is_stored(
 ) -> None:
     try:
         worker = _Worker(bounded)
-        for i in range(3):
-            assert worker.upload("log", f"log-{i}", bytes([i]) * 1000).status_code == 201
-        files = len(_stored_files(tmp_path / "data"))
-        refused = worker.upload("log", "log-3", b"x" * 10)
-        assert refused.status_code == 413 and "REPRO_MAX_RUN_ARTIFACT_FILES" in refused.text
-        # The same name again replaces its file: no more files, and the old bytes are gone.
-        assert worker.upload("log", "log-0", b"y" * 1000).status_code == 201
-        assert len(_stored_files(tmp_path / "data")) == files
-
-        # Bytes per kind: 3,000 of 4,096 taken, so 2,000 more are refused as they arrive.
-        assert worker.upload("weights", "w-0", b"w" * 3000).status_code == 201
-        refused = worker.upload("weights", "w-1", b"v" * 2000)
-        assert refused.status_code == 413 and "REPRO_MAX_RUN_ARTIFACT_BYTES" in refused.text
-
-        # Checkpoint halves count (a step npz whose json never came)...
+        # Checkpoint halves count (a step npz whose json never came): 3 files at most...
         for step in (1, 2, 3):
             name = f"step-{step:09d}.npz"
             assert worker.upload("checkpoint", name, name.encode()).status_code == 201
+        files = len(_stored_files(tmp_path / "data"))
         refused = worker.upload("checkpoint", "step-000000005.npz", b"arrays")
-        assert refused.status_code == 413
-        # ...the epoch checkpoints the spec writes (4 epochs) do not, and once one is in, the
-        # halves before it serve no resume and go.
+        assert refused.status_code == 413 and "REPRO_MAX_RUN_ARTIFACT_FILES" in refused.text
+        # ...the same name again replaces its file: no more files, and the old bytes are gone.
+        assert worker.upload("checkpoint", "step-000000001.npz", b"y" * 3000).status_code == 201
+        assert len(_stored_files(tmp_path / "data")) == files
+        # Bytes: 3,000 + 18 of 4,096 taken, so 2,000 more are refused as they arrive.
+        refused = worker.upload("checkpoint", "step-000000002.npz", b"v" * 2000)
+        assert refused.status_code == 413 and "REPRO_MAX_RUN_ARTIFACT_BYTES" in refused.text
+
+        # What else a run holds is its one exported model: no logs, no other kinds.
+        assert worker.upload("model", "model.keras", b"m" * 100).status_code == 201
+        refused = worker.upload("model", "second.keras", b"m")
+        assert refused.status_code == 400 and "model.keras" in refused.text
+        for kind in ("log", "weights"):
+            assert worker.upload(kind, f"{kind}-0", b"x").status_code == 422
+
+        # The epoch checkpoints the spec writes (4 epochs) are not counted, and once one is
+        # in, the halves before it serve no resume and go.
         for epoch in range(1, 5):
             for ext in ("npz", "json"):
                 name = f"epoch-{epoch:06d}.{ext}"
@@ -107,8 +108,10 @@ def test_uploads_past_a_run_s_bounds_are_refused_and_nothing_is_stored(
                 assert answer.status_code == 201, answer.text
 
         names = _names(bounded, worker.run_id)
-        assert not names & {"log-3", "w-1", "step-000000005.npz"}
-        assert len(names) == 3 + 1 + 8
+        assert not names & {"second.keras", "log-0", "step-000000005.npz", "step-000000001.npz"}
+        assert names == {"model.keras"} | {
+            f"epoch-{epoch:06d}.{ext}" for epoch in range(1, 5) for ext in ("npz", "json")
+        }
         assert len(_stored_files(tmp_path / "data")) == len(names)  # every byte distinct
     finally:
         bounded.stop()
@@ -138,21 +141,20 @@ def test_checkpoint_halves_that_serve_no_resume_are_pruned(
         for step in range(7, 27):
             name = f"step-{step:09d}.npz"
             assert worker.upload("checkpoint", name, name.encode()).status_code == 201
-        for i in range(3):
-            assert worker.upload("log", f"log-{i}", f"log {i}".encode()).status_code == 201
+        assert worker.upload("model", "model.keras", b"the model").status_code == 201
         # Under `final` step-4 went, epoch 1 superseding it; `all` keeps it for spot checks.
         kept_step = 2 if policy == "all" else 0
-        assert len(_stored_files(data_dir)) == 2 + kept_step + 20 + 3
+        assert len(_stored_files(data_dir)) == 2 + kept_step + 20 + 1
 
         failed = worker.http.post(
             f"/api/v1/runs/{run_id}/fail",
             json={"worker_id": worker.id, "error": {"type": "Crash", "message": "gone"}},
         )
         assert failed.status_code == 200, failed.text
-        # Failed, so never spot-checked: only its complete epoch checkpoint and logs are left.
+        # Failed, so never spot-checked: only its complete epoch checkpoint and model are left.
         names = _names(service, run_id)
-        assert names == {"epoch-000001.npz", "epoch-000001.json", "log-0", "log-1", "log-2"}
-        assert len(_stored_files(data_dir)) == 5
+        assert names == {"epoch-000001.npz", "epoch-000001.json", "model.keras"}
+        assert len(_stored_files(data_dir)) == 3
     finally:
         service.stop()
 

@@ -327,13 +327,14 @@ async def upload_artifact(
     settings: SettingsDep,
     principal: WorkAccess,
     worker_id: Annotated[int, Query(ge=1, le=MAX_ID)],
-    kind: Annotated[str, Query(pattern="^(checkpoint|weights|log|model)$")],
+    # What the agent uploads: checkpoints, and a succeeded job's exported model (one file).
+    kind: Annotated[str, Query(pattern="^(checkpoint|model)$")],
     name: Annotated[str, Query(pattern=artifacts.SAFE_NAME)],
     x_content_sha256: Annotated[str, Header(pattern=artifacts.SHA256_HEX)],
     epoch: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
 ) -> ArtifactOut:
     """Upload a file for a held run; stored only if its SHA-256 matches the header."""
-    digest = artifacts.check_upload(name, x_content_sha256)
+    digest = artifacts.check_upload(name, x_content_sha256, kind=kind)
     queue.check_worker(db, worker_id, principal)
     run = queue.held_run(db, run_id, worker_id)
     bounds = artifacts.upload_bounds(run, settings)  # 413 before reading past the run's bounds
