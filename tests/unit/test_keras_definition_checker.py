@@ -204,3 +204,104 @@ def test_the_data_must_fit_the_definition() -> None:
     assert kd.takes_token_ids(text) and not kd.takes_token_ids(info)
     with pytest.raises(kd.DefinitionRefused, match="store the ids as an integer array"):
         kd.check_fits(text, DataInfo((64,), "float32", (), "int32", 4, None))
+
+
+def _tensor(shape: list[int | None], source: str) -> dict[str, Any]:
+    return {
+        "class_name": "__keras_tensor__",
+        "config": {"shape": shape, "dtype": "float32", "keras_history": [source, 0, 0]},
+    }
+
+
+def _called(class_name: str, name: str, config: dict[str, Any], source: str, shape: Any) -> Any:
+    layer = {"module": "keras.layers", "class_name": class_name, "registered_name": None}
+    layer["config"] = {"name": name, **config}
+    layer["inbound_nodes"] = [{"args": [_tensor(shape, source)], "kwargs": {}}]
+    return layer
+
+
+def repeat_vector_model(n: int, width: int = 8) -> bytes:
+    """x [width] -> RepeatVector(n) -> mean over the n copies -> Dense(2), as to_json writes
+    it: 3 * width + ... parameters, whatever n, and n * width values per example."""
+    layers = [
+        {
+            "module": "keras.layers",
+            "class_name": "InputLayer",
+            "registered_name": None,
+            "config": {"batch_shape": [None, width], "dtype": "float32", "name": "x"},
+            "inbound_nodes": [],
+        },
+        _called("RepeatVector", "repeat", {"n": n}, "x", [None, width]),
+        _called("GlobalAveragePooling1D", "pool", {}, "repeat", [None, n, width]),
+        _called("Dense", "out", {"units": 2}, "pool", [None, width]),
+    ]
+    layers[-1]["build_config"] = {"input_shape": [None, width]}
+    config = {
+        "module": "keras.src.models.functional",
+        "class_name": "Functional",
+        "config": {
+            "name": "bomb",
+            "layers": layers,
+            "input_layers": [["x", 0, 0]],
+            "output_layers": [["out", 0, 0]],
+        },
+    }
+    return _text(config)
+
+
+def test_a_build_config_that_disagrees_with_the_graph_is_refused() -> None:
+    # Keras builds a layer from build_config.input_shape first: a Dense recorded as taking
+    # 7,000 features but counted from shapes_dict's 64 would be built 7,000 x 10.
+    config = _resnet()
+    logits = _layer(config, "logits")
+    logits["build_config"] = {
+        "input_shape": [None, 7000],
+        "shapes_dict": {"input_shape": [None, 64]},
+    }
+    with pytest.raises(kd.DefinitionRefused) as refused:
+        kd.read_definition(_text(config))
+    assert refused.value.path == "resnet20/logits"
+    assert "[None, 7000]" in str(refused.value) and "[None, 64]" in str(refused.value)
+    logits["build_config"] = {"shapes_dict": {"input_shape": [None, 7000]}}
+    with pytest.raises(kd.DefinitionRefused, match=r"shapes_dict\.input_shape"):
+        kd.read_definition(_text(config))
+
+
+def test_the_largest_activation_is_bounded_per_batch_at_the_limit() -> None:
+    info = kd.read_definition(repeat_vector_model(2**28))
+    assert info.parameter_count == 8 * 2 + 2  # what was all that was counted before
+    assert info.largest_activation == 8 * 2**28
+    assert info.largest_activation_at == "bomb/repeat"
+    with pytest.raises(kd.DefinitionRefused, match="REPRO_MAX_ACTIVATION_ELEMENTS") as refused:
+        kd.check_activations(info, batch_size=1, limit=2**28)
+    assert refused.value.path == "bomb/repeat"
+    small = kd.read_definition(repeat_vector_model(1000))
+    kd.check_activations(small, batch_size=4, limit=4 * 8000)  # exactly at the limit
+    with pytest.raises(kd.DefinitionRefused, match="32000 for a batch of 4"):
+        kd.check_activations(small, batch_size=4, limit=4 * 8000 - 1)
+
+
+def test_a_long_list_in_a_config_is_refused() -> None:
+    config = _resnet()
+    _layer(config, "logits")["config"]["padding"] = [0] * 600_000
+    with pytest.raises(kd.DefinitionRefused, match="600000 entries"):
+        kd.read_definition(_text(config))
+
+
+def test_a_function_must_be_registered_under_its_own_name() -> None:
+    relu = {"module": "keras.activations", "class_name": "function", "config": "relu"}
+    config = _resnet()
+    _layer(config, "logits")["config"]["activation"] = {**relu, "registered_name": "relu"}
+    kd.read_definition(_text(config))
+    _layer(config, "logits")["config"]["activation"] = {**relu, "registered_name": "mine>relu"}
+    with pytest.raises(kd.DefinitionRefused, match="registered as 'mine>relu'"):
+        kd.read_definition(_text(config))
+
+
+@pytest.mark.parametrize("module", ["keras.src.foo", "keras.src.layers", "keras.initializers"])
+def test_a_class_from_a_module_keras_does_not_write_it_under_is_refused(module: str) -> None:
+    config = _resnet()
+    _layer(config, "logits")["module"] = module
+    with pytest.raises(kd.DefinitionRefused, match=r"Dense from module .*keras.layers") as refused:
+        kd.read_definition(_text(config))
+    assert refused.value.path == "resnet20/logits"

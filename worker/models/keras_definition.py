@@ -4,13 +4,14 @@ A definition is a Keras JSON config (`model.to_json()`) or a `.keras` archive, o
 `config.json` is read: the archive's weights are ignored, and every run starts from the
 seeded initialisation its spec determines. Every object in the config (layers, nested
 models, initializers, regularizers, constraints, dtype policies) must be one of Keras's own
-serializable classes listed here, from a `keras` module, under its own registered name:
-a `Lambda` layer, a custom object or anything from another module is refused, as is
-anything Keras's safe mode would refuse, so loading an accepted definition runs no code
-but Keras's. The parameter count is arithmetic on each layer's config and the input shape
-Keras recorded when the model was built (`build_config`), so the API can refuse an
-oversized model at push and a worker before it allocates a weight. This module is the one
-place the allow-list lives; the API and the worker both use it.
+serializable classes (definition_allow_list), from the module Keras writes it under, under
+its own registered name: a `Lambda` layer, a custom object or anything from another module
+is refused, as is anything Keras's safe mode would refuse, so loading an accepted definition
+runs no code but Keras's. The model's tensors are followed from its input through every
+layer (definition_graph): each layer's parameters are counted from the shapes it is called
+on, a recorded `build_config` that says otherwise is refused, and the largest activation is
+known, so the API can refuse an oversized model at push and a worker before it allocates a
+weight. This module is the one entry point; the API and the worker both use it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,61 +27,22 @@ from pydantic import BaseModel, ConfigDict
 
 from worker.data.batch_source import DataInfo
 from worker.errors import SpecError
+from worker.models.definition_allow_list import MODELS, DefinitionRefused, check_object
+from worker.models.definition_graph import (
+    LayerInfo,
+    Propagation,
+    config_sha256,
+    input_layer_shape,
+    shape_of,
+)
+from worker.models.definition_shapes import Shape
 
 ARCHITECTURE = "keras"  # `model.architecture` of a spec that names a definition
 ARCHIVE_CONFIG = "config.json"
 MAX_ARCHIVE_MEMBERS = 64  # a `.keras` archive holds config.json, metadata.json and weights
 
-MODELS = frozenset({"Functional", "Sequential"})
-# Layers that hold no weights.
-PARAMETER_FREE = frozenset(
-    {
-        "InputLayer", "Activation", "ReLU", "LeakyReLU", "ELU", "Softmax", "Identity",
-        "Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum", "Concatenate", "Dot",
-        "Flatten", "Reshape", "Permute", "RepeatVector", "Rescaling",
-        "Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D",
-        "GaussianNoise", "GaussianDropout", "AlphaDropout",
-        "MaxPooling1D", "MaxPooling2D", "MaxPooling3D",
-        "AveragePooling1D", "AveragePooling2D", "AveragePooling3D",
-        "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D",
-        "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D",
-        "ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D",
-        "Cropping1D", "Cropping2D", "Cropping3D",
-        "UpSampling1D", "UpSampling2D", "UpSampling3D", "UnitNormalization",
-    }
-)  # fmt: skip
-# Keras operations recorded as layers when a model applies `+`, `*`, ... to tensors.
-OPERATIONS = frozenset({"Add", "Subtract", "Multiply", "TrueDivide", "Negative", "Mean", "Sum"})
-INITIALIZERS = frozenset(
-    {
-        "Constant", "GlorotNormal", "GlorotUniform", "HeNormal", "HeUniform", "Identity",
-        "LecunNormal", "LecunUniform", "Ones", "Orthogonal", "RandomNormal", "RandomUniform",
-        "TruncatedNormal", "VarianceScaling", "Zeros",
-    }
-)  # fmt: skip
-REGULARIZERS = frozenset({"L1", "L2", "L1L2", "OrthogonalRegularizer"})
-CONSTRAINTS = frozenset({"MaxNorm", "MinMaxNorm", "NonNeg", "UnitNorm"})
-DTYPE_POLICIES = frozenset({"DTypePolicy", "FloatDTypePolicy"})
-# Serialization markers with no module: tensors between layers, tuples.
-MARKERS = frozenset({"__keras_tensor__", "__tuple__"})
-ACTIVATIONS = frozenset(
-    {
-        "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "silu", "swish",
-        "sigmoid", "hard_sigmoid", "hard_silu", "hard_swish", "tanh", "softmax", "log_softmax",
-        "softplus", "softsign", "exponential", "mish", "celu", "glu", "tanh_shrink",
-        "hard_tanh", "soft_shrink", "hard_shrink", "squareplus", "sparse_plus", "log_sigmoid",
-    }
-)  # fmt: skip
-
-
-class DefinitionRefused(ValueError):
-    """The definition is not one this service accepts; `path` and `class_name` say where."""
-
-    def __init__(self, message: str, *, path: str = "", class_name: str | None = None) -> None:
-        where = f"{path}: " if path else ""
-        what = f"{class_name}: " if class_name and class_name not in message else ""
-        super().__init__(f"{where}{what}{message}")
-        self.path, self.class_name = path, class_name
+MAX_LIST_LENGTH = 1_024  # entries of any list in a config but a model's layers
+__all__ = ["MODELS", "DefinitionRefused", "LayerInfo", "config_sha256"]  # re-exported
 
 
 @dataclass(frozen=True)
@@ -92,25 +52,6 @@ class DefinitionLimits:
     max_bytes: int = 4 * 1024**2
     max_depth: int = 64
     max_layers: int = 2_000
-
-
-@dataclass(frozen=True)
-class LayerInfo:
-    """One layer as the checker found it."""
-
-    path: str  # model name / nested model names / layer name
-    class_name: str
-    parameters: int
-    config_sha256: str  # of the layer's canonical config, to say which layers differ
-
-    def as_record(self) -> dict[str, Any]:
-        """JSON-ready form, as stored and shown."""
-        return {
-            "path": self.path,
-            "class_name": self.class_name,
-            "parameters": self.parameters,
-            "config_sha256": self.config_sha256,
-        }
 
 
 @dataclass(frozen=True)
@@ -124,6 +65,11 @@ class DefinitionInfo:
     input_shape: tuple[int | None, ...] = ()  # one sample's shape, without the batch axis
     input_dtype: str = "float32"
     output_units: int | None = None  # units of the output layer when it is a Dense layer
+    # Values per example of the model's largest tensor (input, output or in between) whose
+    # size the definition fixes, and the layer making it; sizes that depend on an input
+    # axis left open (None) are known only with the data (`largest_activation`).
+    largest_activation: int = 0
+    largest_activation_at: str = ""
 
     def layer_records(self) -> list[dict[str, Any]]:
         """The layers, JSON-ready."""
@@ -135,9 +81,10 @@ def read_definition(data: bytes, *, limits: DefinitionLimits | None = None) -> D
     limits = limits or DefinitionLimits()
     fmt, text = _config_bytes(data, limits)
     config = _parse(text, limits)
-    walker = _Walker(limits)
-    layers = walker.model(config, "")
+    _check_objects(config, "", limits, [0])
     shape, dtype = _model_input(config)
+    walk = Propagation(max_calls=2 * limits.max_layers)
+    layers = walk.model(config, "", None, check=True)[1]
     return DefinitionInfo(
         format=fmt,
         config=config,
@@ -146,7 +93,99 @@ def read_definition(data: bytes, *, limits: DefinitionLimits | None = None) -> D
         input_shape=shape,
         input_dtype=dtype,
         output_units=_output_units(config),
+        largest_activation=walk.largest,
+        largest_activation_at=walk.largest_at,
     )
+
+
+def largest_activation(
+    info: DefinitionInfo, sample_shape: tuple[int, ...] | None = None
+) -> tuple[int, str]:
+    """(values per example, layer path) of the model's largest tensor when fed samples of
+    `sample_shape` (the data's), or of the largest the definition fixes without it."""
+    if sample_shape is None or None not in info.input_shape:
+        return info.largest_activation, info.largest_activation_at
+    walk = Propagation(max_calls=2 * max(len(info.layers), 1))
+    walk.model(info.config, "", [(None, *sample_shape)], check=False)
+    return walk.largest, walk.largest_at
+
+
+def check_activations(
+    info: DefinitionInfo,
+    *,
+    batch_size: int,
+    limit: int,
+    sample_shape: tuple[int, ...] | None = None,
+) -> None:
+    """DefinitionRefused naming the layer when the model's largest tensor for a batch of
+    `batch_size` holds more than `limit` values (REPRO_MAX_ACTIVATION_ELEMENTS)."""
+    per_example, where = largest_activation(info, sample_shape)
+    if per_example * batch_size > limit:
+        raise DefinitionRefused(
+            f"its largest activation holds {per_example} values per example, "
+            f"{per_example * batch_size} for a batch of {batch_size}; this server allows at "
+            f"most {limit} (REPRO_MAX_ACTIVATION_ELEMENTS)",
+            path=where or "model",
+        )
+
+
+def _check_objects(
+    config: dict[str, Any], parent: str, limits: DefinitionLimits, seen: list[int]
+) -> None:
+    """Every object of a (nested) model on the allow-list, and at most `max_layers` layers.
+    Its compile settings are dropped unread: the spec's optimizer, loss and metrics are the
+    ones trained with."""
+    config.pop("compile_config", None)
+    check_object(config, parent or "model")
+    inner = config.get("config")
+    name = inner.get("name") if isinstance(inner, dict) else None
+    path = f"{parent}/{name}" if parent else str(name or "model")
+    layers = inner.get("layers") if isinstance(inner, dict) else None
+    if not isinstance(layers, list):
+        raise DefinitionRefused("a model config lists its layers", path=path)
+    for index, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise DefinitionRefused(f"layer {index} is not an object", path=path)
+        if layer.get("class_name") in MODELS:
+            _check_objects(layer, path, limits, seen)
+            continue
+        seen[0] += 1
+        if seen[0] > limits.max_layers:
+            raise DefinitionRefused(
+                f"more than {limits.max_layers} layers (REPRO_MAX_MODEL_DEFINITION_LAYERS)",
+                path=path,
+            )
+        cfg = layer.get("config")
+        layer_name = cfg.get("name") if isinstance(cfg, dict) else None
+        check_object(layer, f"{path}/{layer_name if layer_name else index}")
+
+
+def _model_input(config: dict[str, Any]) -> tuple[tuple[int | None, ...], str]:
+    """One sample's shape and dtype: the model's single InputLayer (or Sequential's
+    recorded build input shape)."""
+    inner = config.get("config") or {}
+    inputs = [
+        layer for layer in inner.get("layers", [])
+        if isinstance(layer, dict) and layer.get("class_name") == "InputLayer"
+    ]  # fmt: skip
+    if config.get("class_name") == "Functional" and len(inputs) != 1:
+        raise DefinitionRefused(
+            f"the model has {len(inputs)} inputs; a job feeds exactly one (x)", path="model"
+        )
+    shape: Shape
+    if inputs:
+        shape = input_layer_shape(inputs[0], "model")
+        dtype = str((inputs[0].get("config") or {}).get("dtype") or "float32")
+    else:
+        found = inner.get("build_input_shape")
+        if not found:
+            raise DefinitionRefused(
+                "the model records no input shape: build it from keras.Input(...)", path="model"
+            )
+        shape, dtype = shape_of(found, "build_input_shape", "model"), "float32"
+    if not shape:
+        raise DefinitionRefused("the model's input has no batch axis", path="model")
+    return shape[1:], dtype
 
 
 def digest_of(data: bytes) -> str:
@@ -213,362 +252,24 @@ def _parse(text: bytes, limits: DefinitionLimits) -> dict[str, Any]:
 
 
 def _check_depth(value: Any, limit: int) -> None:
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    """Refuse JSON nested deeper than `limit`, or a list longer than MAX_LIST_LENGTH (a
+    model's layer list aside, which REPRO_MAX_MODEL_DEFINITION_LAYERS bounds)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
-        item, depth = stack.pop()
+        item, depth, key = stack.pop()
         if depth > limit:
             raise DefinitionRefused(
                 f"the JSON nests deeper than {limit} levels (REPRO_MAX_MODEL_DEFINITION_DEPTH)"
             )
         if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
+            stack.extend((v, depth + 1, k) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-
-
-def config_sha256(config: Any) -> str:
-    """SHA-256 of a config's canonical JSON (keys sorted, no spaces)."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _allowed(class_name: str, module: str | None) -> bool:
-    if class_name in MARKERS:
-        return module is None
-    if module is None or not (module == "keras" or module.startswith("keras.")):
-        return False
-    if module.startswith("keras.src.ops."):
-        return class_name in OPERATIONS
-    kinds = (
-        MODELS | PARAMETER_FREE | frozenset(_COUNTERS) | INITIALIZERS | REGULARIZERS
-        | CONSTRAINTS | DTYPE_POLICIES
-    )  # fmt: skip
-    return class_name in kinds
-
-
-class _Walker:
-    """Walks a model config: checks every object and counts every layer's parameters."""
-
-    def __init__(self, limits: DefinitionLimits) -> None:
-        self.limits = limits
-        self.layer_total = 0
-
-    def model(self, config: dict[str, Any], parent: str) -> list[LayerInfo]:
-        """Every layer of a (nested) model, checked and counted. Its compile settings are
-        dropped unread: the spec's optimizer, loss and metrics are the ones trained with."""
-        config.pop("compile_config", None)
-        self.check_object(config, parent or "model")
-        inner = config.get("config")
-        name = inner.get("name") if isinstance(inner, dict) else None
-        path = f"{parent}/{name}" if parent else str(name or "model")
-        layers = inner.get("layers") if isinstance(inner, dict) else None
-        if not isinstance(layers, list):
-            raise DefinitionRefused("a model config lists its layers", path=path)
-        found: list[LayerInfo] = []
-        for index, layer in enumerate(layers):
-            if not isinstance(layer, dict):
-                raise DefinitionRefused(f"layer {index} is not an object", path=path)
-            found.extend(self.layer(layer, path, index))
-        return found
-
-    def layer(self, layer: dict[str, Any], parent: str, index: int) -> list[LayerInfo]:
-        """One layer (a nested model's layers for a model), checked and counted."""
-        class_name = str(layer.get("class_name"))
-        if class_name in MODELS:
-            return self.model(layer, parent)
-        self.layer_total += 1
-        if self.layer_total > self.limits.max_layers:
-            raise DefinitionRefused(
-                f"more than {self.limits.max_layers} layers (REPRO_MAX_MODEL_DEFINITION_LAYERS)",
-                path=parent,
-            )
-        config = layer.get("config")
-        name = config.get("name") if isinstance(config, dict) else None
-        path = f"{parent}/{name if name else index}"
-        self.check_object(layer, path)
-        parameters = _count(layer, path)
-        return [LayerInfo(path, class_name, parameters, config_sha256(config))]
-
-    def check_object(self, obj: dict[str, Any], path: str) -> None:
-        """Refuse `obj`, or anything nested in it, that is not on the allow-list (a model's
-        own layers excepted: they are walked as layers)."""
-        _check_one(obj, path)
-        stack: list[tuple[Any, str]] = []
-        for key, value in obj.items():
-            if key == "config" and obj.get("class_name") in MODELS and isinstance(value, dict):
-                stack.extend((v, f"{path}/{k}") for k, v in value.items() if k != "layers")
-            else:
-                stack.append((value, path if key == "config" else f"{path}/{key}"))
-        while stack:
-            item, where = stack.pop()
-            if isinstance(item, list):
-                stack.extend((v, f"{where}/{i}") for i, v in enumerate(item))
-                continue
-            if not isinstance(item, dict):
-                continue
-            if "class_name" in item:
-                _check_one(item, where)
-                if item.get("class_name") in MODELS:
-                    raise DefinitionRefused("a model nested outside the layer list", path=where)
-            for key, value in item.items():
-                if key in ("activation", "recurrent_activation") and isinstance(value, str):
-                    _check_activation(value, f"{where}/{key}")
-                stack.append((value, where if key == "config" else f"{where}/{key}"))
-
-
-def _check_one(item: dict[str, Any], where: str) -> None:
-    class_name, module = item.get("class_name"), item.get("module")
-    registered = item.get("registered_name")
-    if not isinstance(class_name, str) or not (module is None or isinstance(module, str)):
-        raise DefinitionRefused("class_name and module must be strings", path=where)
-    if class_name in ("Lambda", "__lambda__"):
-        raise DefinitionRefused(
-            "Lambda layers hold Python code and are refused; use Keras layers, or push the "
-            "code as a code bundle",
-            path=where,
-            class_name="Lambda",
-        )
-    if class_name == "function":
-        if module in ("keras.activations", "keras.src.activations.activations"):
-            _check_activation(str(item.get("config")), where)
-            return
-        raise DefinitionRefused(
-            f"a function from module {module!r} is not one of Keras's activations",
-            path=where,
-            class_name=class_name,
-        )
-    if registered is not None and (not isinstance(registered, str) or registered != class_name):
-        raise DefinitionRefused(
-            f"registered as {registered!r}: custom objects are refused",
-            path=where,
-            class_name=class_name,
-        )
-    if not _allowed(class_name, module):
-        raise DefinitionRefused(
-            f"{class_name} from module {module!r} is not on this service's allow-list of "
-            "Keras classes (custom objects and classes outside keras are refused)",
-            path=where,
-            class_name=class_name,
-        )
-
-
-def _check_activation(name: str, where: str) -> None:
-    if name not in ACTIVATIONS:
-        raise DefinitionRefused(f"activation {name!r} is not one of Keras's", path=where)
-
-
-# --- parameter counts, from a layer's config and its recorded input shape -------------------
-
-
-def _shape(layer: dict[str, Any], path: str, key: str = "input_shape") -> list[int | None]:
-    build = layer.get("build_config") or {}
-    shapes = build.get("shapes_dict") if isinstance(build, dict) else None
-    shape = (shapes or {}).get(key) if shapes else build.get(key)
-    if not isinstance(shape, list) or not all(isinstance(d, int) or d is None for d in shape):
-        raise DefinitionRefused(
-            f"no input shape recorded ({key}): push a built model, e.g. one made from "
-            "keras.Input(...)",
-            path=path,
-            class_name=str(layer.get("class_name")),
-        )
-    return shape
-
-
-def _dim(shape: list[int | None], axis: int, path: str) -> int:
-    try:
-        value = shape[axis]
-    except IndexError:
-        value = None
-    if not isinstance(value, int) or value < 1:
-        raise DefinitionRefused(
-            f"its weights depend on input axis {axis}, which is unknown in {shape}", path=path
-        )
-    return value
-
-
-def _channels(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    axis = 1 if cfg.get("data_format") == "channels_first" else -1
-    return _dim(shape, axis, path)
-
-
-def _ints(value: Any) -> list[int]:
-    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
-
-
-def _bias(cfg: dict[str, Any]) -> int:
-    return 1 if cfg.get("use_bias", True) else 0
-
-
-def _dense(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    units, width = int(cfg["units"]), _dim(shape, -1, path)
-    return width * units + units * _bias(cfg)
-
-
-def _conv(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    channels, filters = _channels(cfg, shape, path), int(cfg["filters"])
-    kernel = math.prod(_ints(cfg["kernel_size"]))
-    return kernel * (channels // int(cfg.get("groups") or 1)) * filters + filters * _bias(cfg)
-
-
-def _conv_transpose(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    channels, filters = _channels(cfg, shape, path), int(cfg["filters"])
-    return math.prod(_ints(cfg["kernel_size"])) * channels * filters + filters * _bias(cfg)
-
-
-def _depthwise(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    out = _channels(cfg, shape, path) * int(cfg.get("depth_multiplier") or 1)
-    return math.prod(_ints(cfg["kernel_size"])) * out + out * _bias(cfg)
-
-
-def _separable(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    middle = _channels(cfg, shape, path) * int(cfg.get("depth_multiplier") or 1)
-    filters = int(cfg["filters"])
-    depthwise = math.prod(_ints(cfg["kernel_size"])) * middle
-    return depthwise + middle * filters + filters * _bias(cfg)
-
-
-def _normalized(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    return math.prod(_dim(shape, a, path) for a in _ints(cfg.get("axis", -1)))
-
-
-def _batch_norm(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    weights = 2 + bool(cfg.get("center", True)) + bool(cfg.get("scale", True))
-    return _normalized(cfg, shape, path) * weights
-
-
-def _layer_norm(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    if cfg.get("rms_scaling"):
-        return _normalized(cfg, shape, path)
-    weights = bool(cfg.get("center", True)) + bool(cfg.get("scale", True))
-    return _normalized(cfg, shape, path) * weights
-
-
-def _group_norm(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    weights = bool(cfg.get("center", True)) + bool(cfg.get("scale", True))
-    return _normalized(cfg, shape, path) * weights
-
-
-def _embedding(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    return int(cfg["input_dim"]) * int(cfg["output_dim"])
-
-
-def _rnn(gates: int) -> Callable[[dict[str, Any], list[int | None], str], int]:
-    def count(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-        units, width = int(cfg["units"]), _dim(shape, -1, path)
-        biases = gates * units * _bias(cfg)
-        if gates == 3 and cfg.get("reset_after", True):
-            biases *= 2  # separate input and recurrent biases
-        return gates * units * (width + units) + biases
-
-    return count
-
-
-_RECURRENT = ("GRU", "LSTM", "SimpleRNN")
-
-
-def _bidirectional(cfg: dict[str, Any], shape: list[int | None], path: str) -> int:
-    total = 0
-    for key in ("layer", "backward_layer"):
-        inner = cfg.get(key) if key == "layer" else cfg.get(key) or cfg.get("layer")
-        if not isinstance(inner, dict) or inner.get("class_name") not in _RECURRENT:
-            raise DefinitionRefused("Bidirectional wraps a GRU, LSTM or SimpleRNN", path=path)
-        total += _COUNTERS[str(inner["class_name"])](inner.get("config") or {}, shape, path)
-    return total
-
-
-def _attention(cfg: dict[str, Any], layer: dict[str, Any], path: str) -> int:
-    if cfg.get("use_gate"):
-        raise DefinitionRefused("gated attention is not counted by this service", path=path)
-    query = _shape(layer, path, "query_shape")
-    value = _shape(layer, path, "value_shape")
-    recorded = str(layer.get("build_config"))
-    key = _shape(layer, path, "key_shape") if "key_shape" in recorded else value
-    heads, key_dim = int(cfg["num_heads"]), int(cfg["key_dim"])
-    value_dim = int(cfg.get("value_dim") or key_dim)
-    out = cfg.get("output_shape")
-    out_dim = math.prod(_ints(out)) if out else _dim(query, -1, path)
-    b = _bias(cfg)
-    projections = (
-        _dim(query, -1, path) * heads * key_dim + heads * key_dim * b
-        + _dim(key, -1, path) * heads * key_dim + heads * key_dim * b
-        + _dim(value, -1, path) * heads * value_dim + heads * value_dim * b
-    )  # fmt: skip
-    return projections + heads * value_dim * out_dim + out_dim * b
-
-
-Counter = Callable[[dict[str, Any], list[int | None], str], int]
-_COUNTERS: dict[str, Counter] = {
-    "Dense": _dense,
-    "Conv1D": _conv,
-    "Conv2D": _conv,
-    "Conv3D": _conv,
-    "Conv1DTranspose": _conv_transpose,
-    "Conv2DTranspose": _conv_transpose,
-    "Conv3DTranspose": _conv_transpose,
-    "DepthwiseConv1D": _depthwise,
-    "DepthwiseConv2D": _depthwise,
-    "SeparableConv1D": _separable,
-    "SeparableConv2D": _separable,
-    "BatchNormalization": _batch_norm,
-    "LayerNormalization": _layer_norm,
-    "GroupNormalization": _group_norm,
-    "Embedding": _embedding,
-    "SimpleRNN": _rnn(1),
-    "GRU": _rnn(3),
-    "LSTM": _rnn(4),
-    "Bidirectional": _bidirectional,
-    "MultiHeadAttention": lambda cfg, shape, path: 0,  # counted by _attention
-}
-
-
-def _count(layer: dict[str, Any], path: str) -> int:
-    class_name = str(layer.get("class_name"))
-    if class_name in PARAMETER_FREE or str(layer.get("module", "")).startswith("keras.src.ops."):
-        return 0
-    cfg = layer.get("config")
-    if not isinstance(cfg, dict):
-        raise DefinitionRefused("a layer's config is an object", path=path, class_name=class_name)
-    if cfg.get("lora_rank") or cfg.get("quantization_config"):
-        raise DefinitionRefused(
-            "LoRA and quantized layers are not counted by this service", path=path
-        )
-    try:
-        if class_name == "MultiHeadAttention":
-            return _attention(cfg, layer, path)
-        return _COUNTERS[class_name](cfg, _shape(layer, path), path)
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, DefinitionRefused):
-            raise
-        raise DefinitionRefused(
-            f"its config cannot be read ({type(exc).__name__}: {exc})",
-            path=path,
-            class_name=class_name,
-        ) from None
-
-
-def _model_input(config: dict[str, Any]) -> tuple[tuple[int | None, ...], str]:
-    """One sample's shape and dtype: the model's single InputLayer (or Sequential's
-    recorded build input shape)."""
-    inner = config.get("config") or {}
-    inputs = [
-        layer for layer in inner.get("layers", [])
-        if isinstance(layer, dict) and layer.get("class_name") == "InputLayer"
-    ]  # fmt: skip
-    if config.get("class_name") == "Functional" and len(inputs) != 1:
-        raise DefinitionRefused(
-            f"the model has {len(inputs)} inputs; a job feeds exactly one (x)", path="model"
-        )
-    if inputs:
-        cfg = inputs[0].get("config") or {}
-        shape = cfg.get("batch_shape") or cfg.get("batch_input_shape")
-        dtype = str(cfg.get("dtype") or "float32")
-    else:
-        shape, dtype = inner.get("build_input_shape"), "float32"
-    if not isinstance(shape, list) or not shape:
-        raise DefinitionRefused(
-            "the model records no input shape: build it from keras.Input(...)", path="model"
-        )
-    return tuple(d if isinstance(d, int) else None for d in shape[1:]), dtype
+            if len(item) > MAX_LIST_LENGTH and key != "layers":
+                raise DefinitionRefused(
+                    f"a list ({key or 'top level'}) has {len(item)} entries; a list in a "
+                    f"model config has at most {MAX_LIST_LENGTH}"
+                )
+            stack.extend((v, depth + 1, key) for v in item)
 
 
 class KerasDefinitionParams(BaseModel):
