@@ -8,84 +8,23 @@ without a rule here is refused, so nothing is accepted whose activations are not
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-Shape = tuple[int | None, ...]
+from worker.models.definition_spatial_shapes import spatial_rules
+from worker.models.definition_tensors import (
+    Call,
+    Rule,
+    Shape,
+    ShapeError,
+    Tensor,
+    axis_index,
+    elements,
+    positive,
+)
 
-
-class ShapeError(ValueError):
-    """A layer cannot take the shapes it is given, or its config cannot be read."""
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """A Keras tensor of a call's arguments, by its shape."""
-
-    shape: Shape
-
-
-@dataclass
-class Call:
-    """One call of a layer: its arguments, with every Keras tensor a `Tensor`."""
-
-    args: list[Any]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def shape(self, index: int = 0, name: str | None = None) -> Shape:
-        """The shape of one tensor argument (by keyword `name`, else position `index`)."""
-        value = self.argument(index, name)
-        if not isinstance(value, Tensor):
-            raise ShapeError(f"argument {name or index} is not a tensor")
-        return value.shape
-
-    def argument(self, index: int, name: str | None = None) -> Any:
-        """One argument by keyword `name`, else by position; None when not given."""
-        if name is not None and name in self.kwargs:
-            return self.kwargs[name]
-        return self.args[index] if index < len(self.args) else None
-
-    def shapes(self) -> list[Shape]:
-        """The shapes of a list of tensors given as the first argument (merge layers)."""
-        first = self.argument(0)
-        if not isinstance(first, list) or not all(isinstance(t, Tensor) for t in first):
-            raise ShapeError("it takes a list of tensors")
-        return [t.shape for t in first]
-
-
-def positive(value: Any, what: str) -> int:
-    """`value` as a positive int; ShapeError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ShapeError(f"{what} must be a positive integer, not {value!r}")
-    return value
-
-
-def ints(value: Any, rank: int, what: str, *, low: int = 1) -> list[int]:
-    """An int or a list of `rank` ints (each at least `low`), as a list."""
-    items = value if isinstance(value, list | tuple) else [value] * rank
-    if len(items) != rank or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= low for v in items
-    ):
-        raise ShapeError(f"{what} must be {rank} integers of at least {low}, not {value!r}")
-    return list(items)
-
-
-def _axis(axis: Any, rank: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
-        raise ShapeError(f"axis {axis!r} is outside a tensor of rank {rank}")
-    return axis % rank
-
-
-def elements(shape: Shape) -> int | None:
-    """Values per example of a tensor (its size without the batch axis); None if unknown."""
-    rest = shape[1:]
-    return None if any(d is None for d in rest) else math.prod(d for d in rest if d is not None)
-
+__all__ = ["Call", "Shape", "ShapeError", "Tensor", "elements", "output_shapes"]
 
 # --- the rules: (layer config, call) -> output shapes -------------------------------------
-
-Rule = Callable[[dict[str, Any], Call], list[Shape]]
 
 
 def _same(cfg: dict[str, Any], call: Call) -> list[Shape]:
@@ -101,154 +40,6 @@ def _dense(cfg: dict[str, Any], call: Call) -> list[Shape]:
 
 def _embedding(cfg: dict[str, Any], call: Call) -> list[Shape]:
     return [(*call.shape(), positive(cfg.get("output_dim"), "output_dim"))]
-
-
-def _spatial(cfg: dict[str, Any], x: Shape, rank: int) -> tuple[list[int | None], bool]:
-    if len(x) != rank + 2:
-        raise ShapeError(f"it takes a tensor of rank {rank + 2}, not {x}")
-    first = cfg.get("data_format") == "channels_first"
-    return list(x[2:] if first else x[1:-1]), first
-
-
-def _assemble(x: Shape, spatial: list[int | None], channels: int | None, first: bool) -> Shape:
-    if first:
-        return (x[0], channels, *spatial)
-    return (x[0], *spatial, channels)
-
-
-def _conv(rank: int, kind: str) -> Rule:
-    def rule(cfg: dict[str, Any], call: Call) -> list[Shape]:
-        x = call.shape()
-        spatial, first = _spatial(cfg, x, rank)
-        kernel = ints(cfg.get("kernel_size"), rank, "kernel_size")
-        strides = ints(cfg.get("strides", 1), rank, "strides")
-        dilation = ints(cfg.get("dilation_rate", 1), rank, "dilation_rate")
-        padding = cfg.get("padding", "valid")
-        channels = x[1] if first else x[-1]
-        if kind == "depthwise":
-            if channels is None:
-                raise ShapeError("its input channels are unknown")
-            filters: int | None = channels * positive(cfg.get("depth_multiplier", 1), "depth")
-        else:
-            filters = positive(cfg.get("filters"), "filters")
-        if kind == "transpose":
-            out = _transposed(cfg, spatial, kernel, strides, dilation, padding)
-        else:
-            out = [_conv_length(n, k, s, d, padding) for n, k, s, d in
-                   zip(spatial, kernel, strides, dilation, strict=True)]  # fmt: skip
-        return [_assemble(x, out, filters, first)]
-
-    return rule
-
-
-def _conv_length(n: int | None, k: int, s: int, d: int, padding: Any) -> int | None:
-    if n is None:
-        return None
-    if padding == "valid":
-        out = (n - d * (k - 1) - 1) // s + 1
-        if out <= 0:
-            raise ShapeError(f"an input of size {n} is smaller than its kernel")
-        return out
-    if padding in ("same", "causal"):
-        return (n - 1) // s + 1
-    raise ShapeError(f"padding {padding!r} is not one of Keras's")
-
-
-def _transposed(
-    cfg: dict[str, Any],
-    spatial: list[int | None],
-    kernel: list[int],
-    strides: list[int],
-    dilation: list[int],
-    padding: Any,
-) -> list[int | None]:
-    given = cfg.get("output_padding")
-    extra = None if given is None else ints(given, len(spatial), "output_padding", low=0)
-    out: list[int | None] = []
-    for i, n in enumerate(spatial):
-        k, s = (kernel[i] - 1) * dilation[i] + 1, strides[i]
-        pad = None if extra is None else extra[i]
-        if n is None:
-            out.append(None)
-        elif padding == "valid":
-            out.append((n - 1) * s + k + (max(k, s) - k if pad is None else pad))
-        elif padding == "same":
-            out.append(n * s if pad is None else (n - 1) * s + k % 2 + pad)
-        else:
-            raise ShapeError(f"padding {padding!r} is not one of Keras's")
-    return out
-
-
-def _pooling(rank: int) -> Rule:
-    def rule(cfg: dict[str, Any], call: Call) -> list[Shape]:
-        x = call.shape()
-        spatial, first = _spatial(cfg, x, rank)
-        pool = ints(cfg.get("pool_size"), rank, "pool_size")
-        strides = ints(cfg.get("strides") or pool, rank, "strides")
-        padding = cfg.get("padding", "valid")
-        out: list[int | None] = []
-        for n, p, s in zip(spatial, pool, strides, strict=True):
-            if n is None:
-                out.append(None)
-            elif padding == "valid":
-                if (n - p) // s + 1 <= 0:
-                    raise ShapeError(f"an input of size {n} is smaller than its pool")
-                out.append((n - p) // s + 1)
-            elif padding == "same":
-                out.append((n - 1) // s + 1)
-            else:
-                raise ShapeError(f"padding {padding!r} is not one of Keras's")
-        return [_assemble(x, out, x[1] if first else x[-1], first)]
-
-    return rule
-
-
-def _global_pooling(rank: int) -> Rule:
-    def rule(cfg: dict[str, Any], call: Call) -> list[Shape]:
-        x = call.shape()
-        _, first = _spatial(cfg, x, rank)
-        channels = x[1] if first else x[-1]
-        if not cfg.get("keepdims"):
-            return [(x[0], channels)]
-        return [_assemble(x, [1] * rank, channels, first)]
-
-    return rule
-
-
-def _resized(rank: int, key: str, how: Callable[[int, Any], int]) -> Rule:
-    """UpSampling (`size` per axis), ZeroPadding (`padding`) and Cropping (`cropping`)."""
-
-    def rule(cfg: dict[str, Any], call: Call) -> list[Shape]:
-        x = call.shape()
-        spatial, first = _spatial(cfg, x, rank)
-        values = cfg.get(key)
-        per_axis = values if isinstance(values, list) and len(values) == rank else None
-        if rank == 1 and key != "size":
-            per_axis = [values]
-        if per_axis is None:
-            per_axis = [values] * rank
-        out = [None if n is None else how(n, v) for n, v in zip(spatial, per_axis, strict=True)]
-        if any(n is not None and n < 1 for n in out):
-            raise ShapeError(f"{key} {values!r} leaves nothing of {x}")
-        return [_assemble(x, out, x[1] if first else x[-1], first)]
-
-    return rule
-
-
-def _pair(value: Any, what: str) -> list[int]:
-    return ints(value, 2, what, low=0)
-
-
-def _upsample(n: int, size: Any) -> int:
-    return n * positive(size, "size")
-
-
-def _pad(n: int, pad: Any) -> int:
-    return n + sum(_pair(pad, "padding"))
-
-
-def _crop(n: int, crop: Any) -> int:
-    return n - sum(_pair(crop, "cropping"))
 
 
 def _flatten(cfg: dict[str, Any], call: Call) -> list[Shape]:
@@ -329,7 +120,7 @@ def _concatenate(cfg: dict[str, Any], call: Call) -> list[Shape]:
     rank = len(shapes[0]) if shapes else 0
     if not shapes or any(len(s) != rank for s in shapes):
         raise ShapeError("it takes tensors of one rank")
-    axis = _axis(cfg.get("axis", -1), rank)
+    axis = axis_index(cfg.get("axis", -1), rank)
     out: list[int | None] = list(shapes[0])
     for shape in shapes[1:]:
         for i, (a, b) in enumerate(zip(out, shape, strict=True)):
@@ -351,8 +142,8 @@ def _dot(cfg: dict[str, Any], call: Call) -> list[Shape]:
     pair = [axes % len(one), axes % len(two)] if isinstance(axes, int) else axes
     if not isinstance(pair, list) or len(pair) != 2:
         raise ShapeError(f"axes {axes!r} is not an axis or two")
-    one.pop(_axis(pair[0], len(one)))
-    two.pop(_axis(pair[1], len(two)))
+    one.pop(axis_index(pair[0], len(one)))
+    two.pop(axis_index(pair[1], len(two)))
     out = one + two[1:]
     return [tuple([*out, 1] if len(out) == 1 else out)]
 
@@ -437,7 +228,7 @@ def _reduce(cfg: dict[str, Any], call: Call) -> list[Shape]:
     x = call.shape(0, "x")
     axis, keep = cfg.get("axis"), bool(cfg.get("keepdims"))
     picked = set(range(len(x))) if axis is None else {
-        _axis(a, len(x)) for a in (axis if isinstance(axis, list) else [axis])
+        axis_index(a, len(x)) for a in (axis if isinstance(axis, list) else [axis])
     }  # fmt: skip
     if keep:
         return [tuple(1 if i in picked else d for i, d in enumerate(x))]
@@ -466,17 +257,7 @@ _RULES: dict[str, Rule] = {
     "Bidirectional": _bidirectional,
     **{name: _recurrent(n) for name, n in _RECURRENT_STATES.items()},
 }
-for _n in (1, 2, 3):
-    _RULES[f"Conv{_n}D"] = _conv(_n, "conv")
-    _RULES[f"Conv{_n}DTranspose"] = _conv(_n, "transpose")
-    _RULES[f"MaxPooling{_n}D"] = _RULES[f"AveragePooling{_n}D"] = _pooling(_n)
-    _RULES[f"GlobalMaxPooling{_n}D"] = _RULES[f"GlobalAveragePooling{_n}D"] = _global_pooling(_n)
-    _RULES[f"UpSampling{_n}D"] = _resized(_n, "size", _upsample)
-    _RULES[f"ZeroPadding{_n}D"] = _resized(_n, "padding", _pad)
-    _RULES[f"Cropping{_n}D"] = _resized(_n, "cropping", _crop)
-for _n in (1, 2):
-    _RULES[f"DepthwiseConv{_n}D"] = _conv(_n, "depthwise")
-    _RULES[f"SeparableConv{_n}D"] = _conv(_n, "conv")
+_RULES.update(spatial_rules())
 # Keras operations recorded as layers (`+`, `*`, keras.ops.mean, ...), by class name.
 _OPERATION_RULES: dict[str, Rule] = {
     **dict.fromkeys(("Add", "Subtract", "Multiply", "TrueDivide"), _binary),
