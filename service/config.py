@@ -60,9 +60,14 @@ class Settings(BaseSettings):
     spot_check_segments: int = Field(default=0, ge=0, le=1000)
     # Segments one spot check may ask for: each is a job on a worker.
     max_spot_check_segments: int = Field(default=50, ge=1, le=10_000)
-    # A segment's replay waits this long for a worker other than the one that trained the
-    # run; past it, that worker may take it (the report says it replayed on the same one).
+    # A segment's replay goes only to a worker of another identity (worker token) than the
+    # one that trained the run, unless the request allows the trainer. Past this wait with
+    # no such worker live that could take it, the replay is cancelled and the check ends
+    # `no-other-worker`; it never falls back to the trainer.
     spot_check_other_worker_seconds: float = Field(default=120.0, ge=0)
+    # Spot checks of one run not yet ended: the next request is refused (409), so requests
+    # cannot queue replays without bound.
+    max_pending_spot_checks_per_run: int = Field(default=4, ge=1, le=1000)
     # Metric names per run whose final values are kept for sorting the runs page (one row
     # each); a result naming more keeps them all in its metrics, sortable by the first ones.
     max_sortable_metrics: int = Field(default=64, ge=1, le=10_000)

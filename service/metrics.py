@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
 from service.persistence.models import TERMINAL_STATUSES, Run, SpotCheck, Verdict, Worker, utcnow
+from service.verification.spot_check_reports import OUTCOMES as SPOT_CHECK_OUTCOMES
 
 # Process-wide: registered into each app's registry (an app is made once per process,
 # tests make several).
@@ -110,7 +111,7 @@ class _DatabaseCollector(Collector):
             "Spot checks by outcome (pending: replays not all ended)",
             labels=["outcome"],
         )
-        for outcome in ("pending", "verified", "failed", "error"):
+        for outcome in ("pending", *SPOT_CHECK_OUTCOMES):
             checked.add_metric([outcome], spot_checks.get(outcome, 0))
         yield checked
         yield GaugeMetricFamily(

@@ -477,6 +477,12 @@ class SpotCheckIn(BaseModel):
         lt=2**63,
         description="picks the segments; absent: the server draws one (and records it)",
     )
+    allow_trainer: bool = Field(
+        default=False,
+        description="let the worker identity (worker token) that trained the run replay it: "
+        "that shows the training is deterministic, not that its worker is honest, and the "
+        "outcome is then `self-consistent`, never `verified`",
+    )
 
 
 class SpotCheckOut(BaseModel):
@@ -484,7 +490,10 @@ class SpotCheckOut(BaseModel):
 
     id: int
     run_id: int
-    status: str  # pending, verified, failed (a segment did not replay bit for bit), error
+    # pending; verified (every segment replayed bit for bit by another identity than the
+    # trainer's); self-consistent (bit for bit, some on the trainer's identity: no proof);
+    # failed (a segment did not replay bit for bit); no-other-worker; error.
+    status: str
     seed: str  # as text: JavaScript numbers lose digits past 2**53
     requested: int
     segments: list[dict[str, Any]]

@@ -1,7 +1,9 @@
-"""Worker identities: a name is one worker, registered by one token.
+"""Worker identities: a name is one worker, registered by one token; the token is who it is.
 
 Re-trace runs are pinned to a worker by name, and reports are checked against the worker
-that holds a run, so a name must not pass between tokens while its token is valid.
+that holds a run, so a name must not pass between tokens while its token is valid. A name
+and a hostname are what a worker declares; one token may register many names, so whatever
+must run on a different worker than another (a spot check's replay) compares identities.
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ class RegistrationRefused(ServiceError):
     """The registration asks for more than this server keeps for one worker (422)."""
 
     status_code = 422
+
+
+def identity_key(token_id: int) -> str:
+    """The stored key of the identity that authenticates with this token."""
+    return f"token:{token_id}"
+
+
+def identity_of(worker: Worker) -> str:
+    """Who a worker is: the credential it authenticates with, today the worker token that
+    registered it (every name that token registers is the same identity), as a stored key."""
+    # When workers enrol credentials of their own, these two are the place that changes.
+    return identity_key(worker.token_id) if worker.token_id is not None else f"worker:{worker.id}"
 
 
 def _check_images(images: list[str], max_images: int | None) -> None:

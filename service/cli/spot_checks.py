@@ -23,6 +23,11 @@ from service.cli.output import (
 if TYPE_CHECKING:
     from reprotrain import SpotCheck
 
+# Exit codes: 0 only when every segment replayed bit for bit on another worker identity; a
+# check the trainer's own identity took part in shows determinism, not honesty, so it is
+# not reported as success; anything else that did not verify is 1 (2: a refused request).
+SELF_CONSISTENT_EXIT = 3
+
 
 def spot_check(
     run_id: int,
@@ -30,6 +35,14 @@ def spot_check(
     seed: Annotated[
         int | None, typer.Option(help="the seed that picks them (to repeat a choice)")
     ] = None,
+    allow_trainer: Annotated[
+        bool,
+        typer.Option(
+            "--allow-trainer",
+            help="let the worker token that trained the run replay it (checks determinism "
+            "only: the outcome is then self-consistent, exit 3, never verified)",
+        ),
+    ] = False,
     wait: Annotated[bool, typer.Option("--wait", help="wait for the outcome")] = False,
     timeout: Annotated[float | None, typer.Option(help="give up waiting after seconds")] = None,
     api: ApiOption = DEFAULT_API,
@@ -37,13 +50,14 @@ def spot_check(
     token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Replay random segments of a succeeded run from its checkpoints, on other workers where
-    there are; with --wait, exit 0 when every one ended bit for bit on the run's checkpoint."""
+    """Replay random segments of a succeeded run from its checkpoints on workers of another
+    token than the one that trained it; with --wait, exit 0 when every one ended bit for bit
+    on the run's checkpoint (3: so did they, but on the trainer's own token; 1 otherwise)."""
     from reprotrain import ApiError, WaitTimeout
 
     client = repro_client(api, token, token_file)
     try:
-        check = client.spot_check(run_id, segments=segments, seed=seed)
+        check = client.spot_check(run_id, segments=segments, seed=seed, allow_trainer=allow_trainer)
         if not wait:
             if as_json:
                 emit_json(check.raw)
@@ -61,7 +75,13 @@ def spot_check(
         emit_json(check.raw)
     else:
         _show(check)
-    raise typer.Exit(0 if check.status == "verified" else 1)
+    raise typer.Exit(_exit_code(check.status))
+
+
+def _exit_code(status: str) -> int:
+    if status == "verified":
+        return 0
+    return SELF_CONSISTENT_EXIT if status == "self-consistent" else 1
 
 
 def _chosen(doc: dict[str, Any]) -> str:
@@ -72,13 +92,13 @@ def _show(check: SpotCheck) -> None:
     report = check.report or {}
     from rich.table import Table
 
-    table = Table("segment", "epochs", "worker", "vs trainer", "result")
+    table = Table("segment", "epochs", "worker", "identity", "result")
     for row in report.get("segments", []):
         table.add_row(
             str(row["index"]),
             f"{row['from_epoch']}->{row['to_epoch']}",
             str(row.get("worker") or "-"),
-            "same" if row.get("same_worker") else "other",
+            "the trainer's" if row.get("same_worker") else "another",
             str(row.get("verdict") or row.get("status")),
         )
     out.print(table)

@@ -271,12 +271,20 @@ class Client:
         return Refinement.from_api(self._http.json("GET", f"/compare/refine/{refinement_id}"))
 
     def spot_check(
-        self, run_id: RunRef, *, segments: int = 3, seed: int | None = None
+        self,
+        run_id: RunRef,
+        *,
+        segments: int = 3,
+        seed: int | None = None,
+        allow_trainer: bool = False,
     ) -> SpotCheck:
-        """Queue replays of `segments` random segments of a succeeded run (see SpotCheck)."""
+        """Queue replays of `segments` random segments of a succeeded run (see SpotCheck), on
+        workers of another token than the trainer's unless `allow_trainer`."""
         body: dict[str, Any] = {"segments": segments}
         if seed is not None:
             body["seed"] = seed
+        if allow_trainer:
+            body["allow_trainer"] = True
         path = f"/runs/{_id(run_id)}/spot-checks"
         return SpotCheck.from_api(self._http.json("POST", path, json=body))
 

@@ -226,7 +226,9 @@ class SpotCheck(ApiModel):
 
     id: int
     run_id: int
-    status: str  # pending, verified, failed, error
+    # pending, verified, self-consistent (replayed by the trainer's own identity: no proof),
+    # failed, no-other-worker, error
+    status: str
     seed: str
     requested: int
     segments: list[dict[str, Any]] = Field(default_factory=list)

@@ -31,8 +31,12 @@ Digest = Annotated[str, Query(max_length=100, pattern=r"^[A-Za-z0-9:]*$")]
 Text = Annotated[str, Query(max_length=200)]
 StatusChoice = Literal["", "queued", "running", "succeeded", "failed", "cancelled"]
 VerdictChoice = Literal["", "identical", "diverged", "incomparable", "reference", "pending"]
-SPOT_CHECK_FILTERS = ("verified", "failed", "pending", "error", "none")
-SpotCheckChoice = Literal["", "verified", "failed", "pending", "error", "none"]
+SPOT_CHECK_FILTERS = (
+    "verified", "self-consistent", "failed", "pending", "no-other-worker", "error", "none"
+)  # fmt: skip
+SpotCheckChoice = Literal[
+    "", "verified", "self-consistent", "failed", "pending", "no-other-worker", "error", "none"
+]
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_LIVE = 200  # rows one poll refreshes: at most a page's worth
 # A page polls every 2 s for at most this many times (30 minutes), then asks for a reload.

@@ -168,7 +168,8 @@ class Run(Base):
     needs_code: Mapped[bool] = mapped_column(default=False, server_default=false())
     # The newest spot check's outcome ("pending", "verified", "failed"), for the runs list.
     spot_check: Mapped[str | None] = mapped_column(String(20))
-    # A replay of a segment of a run avoids the worker that trained it while another can.
+    # A spot check's replay is never claimed by this worker identity, the trainer's (see
+    # service.verification.replay_identity; a worker name in rows queued before identities).
     avoid_worker: Mapped[str | None] = mapped_column(String(200))
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")

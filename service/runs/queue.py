@@ -27,7 +27,7 @@ from service.persistence.models import (
 from service.runs import final_metrics, resume_points
 from service.runs import wakeups as bell
 from service.runs.experiments import reported_image
-from service.verification import verdicts
+from service.verification import replay_identity, verdicts
 from service.verification.result_checks import Verification, image_allowed, still_the_checkpoint
 from worker.result import JobResult
 
@@ -182,14 +182,9 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
             candidate.required_image.in_(worker.images or [""]),
         ),
         or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
-        # A spot check's replay goes to another worker than the one that trained the run,
-        # unless none other has taken it for a while.
-        or_(
-            candidate.avoid_worker.is_(None),
-            candidate.avoid_worker != worker.name,
-            candidate.created_at
-            <= now - timedelta(seconds=settings.spot_check_other_worker_seconds),
-        ),
+        # A spot check's replay never goes to the identity that trained the run (unless the
+        # request allowed it), however long it waits.
+        replay_identity.may_claim(candidate, worker),
         candidate.replicas <= worker.devices,
         # A code bundle runs only where the worker said it accepts code, and only while the
         # operator allows bundles: turning them off holds back runs queued before.

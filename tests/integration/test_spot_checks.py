@@ -222,3 +222,32 @@ def test_step_segments_replay_mid_epoch_and_catch_a_nudged_step(tmp_path: Path) 
     assert TARGET in failure["report"]["variables"]
     assert failure["report"]["first_divergence"]["step"] == 16
     assert failure["report"]["cause"] == "compute"
+
+
+def test_the_trainer_alone_never_verifies_its_own_run(tmp_path: Path) -> None:
+    found = spec(epochs=2)
+    found["model"]["architecture"] = "mlp"
+    found["model"]["params"] = {"hidden": [8]}
+    env = {"REPRO_SPOT_CHECK_OTHER_WORKER_SECONDS": "1"}
+    service = Service(tmp_path / "data", extra=("--no-demo",), env=env)
+    with running(service, tmp_path / "trainer") as (svc, _):
+        run_id = svc.submit(json.dumps(found), "application/json").json()["run"]["id"]
+        assert svc.wait_run(run_id)["status"] == "succeeded"
+        env_cli = {"REPRO_API_URL": svc.url, "REPRO_TOKEN": svc.admin_token}
+        ask = ("spot-check", str(run_id), "--segments", "1", "--wait")
+        # Only the trainer is live: its replay would prove nothing, so none is made.
+        alone = repro(*ask, "--json", env=env_cli)
+        assert alone.returncode == 1, alone.stdout + alone.stderr
+        assert json.loads(alone.stdout)["status"] == "no-other-worker"
+        # Asked for explicitly, the trainer replays it: bit for bit, and labelled as no proof.
+        own = repro(*ask, "--allow-trainer", env=env_cli)
+        assert own.returncode == 3, own.stdout + own.stderr
+        assert "self-consistent" in own.stdout
+        assert "proves nothing about a dishonest worker" in own.stdout
+        newest = svc.client.get(f"/api/v1/runs/{run_id}/spot-checks").json()[0]
+    report = newest["report"]
+    assert report["allow_trainer"] is True and report["independent_segments"] == 0
+    assert [(r["worker"], r["same_worker"], r["verdict"]) for r in report["segments"]] == [
+        ("trainer", True, "identical")
+    ]
+    assert report["catch_chance"] == {"0.1": 0.0, "0.5": 0.0}

@@ -40,12 +40,15 @@ router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 VerdictName = Literal["identical", "diverged", "incomparable", "reference", "none"]
 Kind = Literal["train", "refine", "spot-check"]
-SpotCheckName = Literal["pending", "verified", "failed", "error", "none"]
+SpotCheckName = Literal[
+    "pending", "verified", "self-consistent", "failed", "no-other-worker", "error", "none"
+]
 # Open event streams look at their runs this often even when no write in this process woke
 # them (one read for all of them), and send a comment when they were quiet this long.
 _EVENTS_RECHECK_SECONDS = 1.0
 _KEEPALIVE_SECONDS = 15.0
 assert set(RUN_STATUSES) == set(Status.__args__)  # type: ignore[attr-defined]
+assert {"pending", *spot_checks.OUTCOMES, "none"} == set(SpotCheckName.__args__)  # type: ignore[attr-defined]
 
 
 def _json(model: BaseModel) -> Response:
@@ -141,14 +144,17 @@ def spot_check(
     body: SpotCheckIn | None = None,
 ) -> SpotCheckOut:
     """Prove a succeeded training by replaying `segments` of its segments (between kept
-    checkpoints), chosen at random by a recorded seed, preferably on other workers; each
-    must end on the run's checkpoint bit for bit."""
+    checkpoints), chosen at random by a recorded seed, on workers of another identity
+    (worker token) than the one that trained it unless `allow_trainer`; each must end on the
+    run's checkpoint bit for bit. A run holds at most
+    `REPRO_MAX_PENDING_SPOT_CHECKS_PER_RUN` spot checks not yet ended (409 past it)."""
     asked = body or SpotCheckIn()
     found = spot_checks.request_spot_check(
         db=db,
         run_id=run_id,
         segments=asked.segments,
         seed=asked.seed,
+        allow_trainer=asked.allow_trainer,
         settings=settings,
         actor=principal,
     )
@@ -156,9 +162,11 @@ def spot_check(
 
 
 @router.get("/{run_id}/spot-checks", response_model=list[SpotCheckOut], responses=errors(404, 422))
-def run_spot_checks(run_id: IdPath, db: SessionDep, _: ReadAccess) -> list[SpotCheckOut]:
+def run_spot_checks(
+    run_id: IdPath, db: SessionDep, settings: SettingsDep, _: ReadAccess
+) -> list[SpotCheckOut]:
     """The run's spot checks, newest first, with their outcomes."""
-    return [spot_check_out(c) for c in spot_checks.spot_checks_of(db, run_id)]
+    return [spot_check_out(c) for c in spot_checks.spot_checks_of(db, run_id, settings)]
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409, 422))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import IdPath, ReadAccess, SessionDep
+from service.api.deps import IdPath, ReadAccess, SessionDep, SettingsDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import spot_check_out
@@ -15,6 +15,8 @@ router = APIRouter(prefix="/spot-checks", tags=["runs"], route_class=JsonRoute)
 
 
 @router.get("/{check_id}", response_model=SpotCheckOut, responses=errors(404, 422))
-def spot_check(check_id: IdPath, db: SessionDep, _: ReadAccess) -> SpotCheckOut:
+def spot_check(
+    check_id: IdPath, db: SessionDep, settings: SettingsDep, _: ReadAccess
+) -> SpotCheckOut:
     """A spot check: its segments, their replays and, once all have ended, the outcome."""
-    return spot_check_out(spot_checks.get_spot_check(db, check_id))
+    return spot_check_out(spot_checks.get_spot_check(db, check_id, settings))
