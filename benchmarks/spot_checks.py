@@ -1,15 +1,14 @@
 """Spot checks' cost: what replaying K=3 random segments of a finished run costs against the
 run itself, and what keeping its checkpoints for them costs in storage.
 
-A real `repro serve` on SQLite with two worker agents: one trains, the other replays (a
-replay avoids the worker that trained the run). Two runs of a dense classifier (64
-features, 512x512, batch 256): 10 epochs with an epoch checkpoint each (segments of one
-epoch), and the same with step checkpoints every 50 steps (segments of 50 steps). The share
-is the replays' training seconds over the run's, as the jobs report them (targets: <= 35%
-and <= 10%); the wall-clock share, start-up of each replay's process included, is given
-beside it. Storage: the checkpoint bytes the run keeps under `all`, and what `every:N`
-would keep of them.
-"""
+A real `repro serve` on SQLite with two worker agents, each with its own token: one trains,
+the other replays (a replay never goes to the trainer's token). Two runs of a dense
+classifier (64 features, 512x512, batch 256): 10 epochs with an epoch checkpoint each
+(segments of one epoch), and the same with step checkpoints every 50 steps (segments of 50
+steps). The share is the replays' training seconds over the run's, as the jobs report them
+(targets: <= 35% and <= 10%); the wall-clock share, start-up of each replay's process
+included, is given beside it. Storage: the checkpoint bytes the run keeps under `all`, and
+what `every:N` would keep of them."""
 
 from __future__ import annotations
 
