@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     max_batches_per_epoch: int = Field(default=1_000_000, ge=1)
     max_total_steps: int = Field(default=10_000_000, ge=1)
     max_model_parameters: int = Field(default=500_000_000, ge=1)
+    # Values in a model definition's largest tensor for one batch (values per example x
+    # batch_size): 2**28 (1 GiB of float32) matches max_batch_elements, the largest input
+    # batch; resnet20 at batch 128 holds 2**21. Refused at push (one example), at submit
+    # and in the job before Keras allocates anything.
+    max_activation_elements: int = Field(default=2**28, ge=1)
     # Replicas (devices) one run may ask for; a spec allows at most 64.
     max_replicas: int = Field(default=64, ge=1)
     # Threads a spec may ask a worker for, per setting (intra-op, inter-op, parallel calls

@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from worker.errors import SpecError
+from worker.errors import ArchitectureError, SpecError
 from worker.models.model_size import check_parameter_limit
 from worker.record.environment_capture import EXPORT_MODEL_ENV
 from worker.result import DataFingerprint, JobError, JobResult, write_result
@@ -128,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="fail the job if the model has more parameters (an operator's limit)",
     )
+    p.add_argument(
+        "--max-activation-elements",
+        type=int,
+        metavar="N",
+        help="fail the job if a model definition's largest tensor for one batch holds more "
+        "values (an operator's limit)",
+    )
     return p
 
 
@@ -177,7 +184,11 @@ def _open_dataset(
 
 
 def _open_model(
-    spec: ExperimentSpec, model_file: Path | None, *, max_parameters: int | None
+    spec: ExperimentSpec,
+    model_file: Path | None,
+    *,
+    max_parameters: int | None,
+    max_activations: int | None = None,
 ) -> tuple[bytes | None, dict[str, Any] | None]:
     """(bytes, provenance record) of the spec's model definition after checking the file is
     it, that it passes the allow-list and that its parameters are within the limit."""
@@ -206,6 +217,11 @@ def _open_model(
     if max_parameters is not None:
         # Before TensorFlow is imported, let alone a weight allocated.
         check_parameter_limit(info.parameter_count, max_parameters, how="counted from its config")
+    if max_activations is not None:
+        try:  # the sizes the definition fixes; the data's shape fills the rest in the build
+            kd.check_activations(info, batch_size=spec.dataset.batch_size, limit=max_activations)
+        except kd.DefinitionRefused as exc:
+            raise ArchitectureError(f"model definition refused: {exc}") from None
     record = {
         "digest": wanted,
         "format": info.format,
@@ -326,7 +342,10 @@ def run_job(
                 )
         arrays, dataset_record = _open_dataset(resolved, dataset_file)
         definition, model_record = _open_model(
-            resolved, model_file, max_parameters=options.max_model_parameters
+            resolved,
+            model_file,
+            max_parameters=options.max_model_parameters,
+            max_activations=options.max_activation_elements,
         )
 
         from worker.record.provenance import capture_provenance
@@ -428,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume,
             stop_requested=stop,
             max_model_parameters=args.max_model_parameters,
+            max_activation_elements=args.max_activation_elements,
             trace_every_steps=args.trace_every_steps,
             until_epoch=args.until_epoch,
             until_step=args.until_step,

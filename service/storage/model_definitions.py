@@ -30,6 +30,7 @@ from worker.models.keras_definition import (
     DefinitionInfo,
     DefinitionLimits,
     DefinitionRefused,
+    check_activations,
     check_fits,
     read_definition,
 )
@@ -97,6 +98,9 @@ def check(body: bytes, *, name: str, settings: Settings) -> DefinitionInfo:
     and class, or the parameter count and the limit."""
     try:
         info = read_definition(body, limits=limits(settings))
+        # The batch is the spec's, known at submit; a model whose one example is over the
+        # bound can never train here.
+        check_activations(info, batch_size=1, limit=settings.max_activation_elements)
     except DefinitionRefused as exc:
         raise ModelDefinitionRefused(
             f"{name!r} is not a model definition this service accepts: {exc}; nothing was stored",
@@ -158,8 +162,9 @@ def require_held(
 
 def require_usable(db: Session, spec: ExperimentSpec, settings: Settings) -> ModelDefinition | None:
     """The stored definition the spec names, after checking it can train here: InvalidSpec
-    (422) naming `model.definition` when it is not stored, is over REPRO_MAX_MODEL_PARAMETERS,
-    or cannot take the spec's data (shapes, token ids, classes), where those are known."""
+    (422) naming `model.definition` when it is not stored, is over REPRO_MAX_MODEL_PARAMETERS
+    or REPRO_MAX_ACTIVATION_ELEMENTS (for the spec's batch), or cannot take the spec's data
+    (shapes, token ids, classes), where those are known."""
     definition = require_held(db, spec.model.definition)
     if definition is None:
         return None
@@ -172,16 +177,27 @@ def require_usable(db: Session, spec: ExperimentSpec, settings: Settings) -> Mod
         )
         raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}])
     try:
-        info = read_definition(local_path(definition).read_bytes())
-    except (OSError, DefinitionRefused):
+        data = local_path(definition).read_bytes()
+    except OSError:
         return definition  # unreadable here: the worker checks it again and says why
+    try:
+        info = read_definition(data)
+    except DefinitionRefused as exc:  # stored before this server's checks said so
+        msg = f"model definition {definition.digest} is refused: {exc}"
+        raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}]) from None
     sample = _sample(db, spec, token_ids=data_fit.takes_token_ids(spec, info))
-    if sample is not None:
-        try:
+    try:
+        if sample is not None:
             check_fits(info, sample)
-        except DefinitionRefused as exc:
-            msg = f"model definition {definition.digest} cannot take this data: {exc}"
-            raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}]) from None
+        check_activations(
+            info,
+            batch_size=spec.dataset.batch_size,
+            limit=settings.max_activation_elements,
+            sample_shape=None if sample is None else tuple(sample.x_shape),
+        )
+    except DefinitionRefused as exc:
+        msg = f"model definition {definition.digest} cannot take this data: {exc}"
+        raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}]) from None
     return definition
 
 

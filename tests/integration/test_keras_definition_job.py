@@ -13,6 +13,7 @@ from typing import Any
 
 from tests.integration.jobs import blobs_spec, job_env, write_spec
 from tests.integration.test_model_size import _MEASURE, BUILTIN_RSS_BOUND
+from tests.unit.test_keras_definition_checker import repeat_vector_model
 from worker.result import read_result
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "models"
@@ -71,3 +72,12 @@ def test_a_file_that_is_not_the_named_definition_is_refused(tmp_path: Path) -> N
     assert f"has digest {_digest(RESNET)}, not the spec's sha256:{'0' * 64}" in (
         result.error.message
     )
+
+
+def test_an_activation_bomb_fails_before_tensorflow_is_imported(tmp_path: Path) -> None:
+    bomb = repeat_vector_model(2**22)  # 2**25 values per example, 2**30 for the batch
+    code, result, rss = _job(tmp_path, bomb, _digest(bomb), "--max-activation-elements", str(2**28))
+    assert code == 1 and result.error is not None
+    assert "bomb/repeat" in result.error.message
+    assert "REPRO_MAX_ACTIVATION_ELEMENTS" in result.error.message
+    assert rss < BUILTIN_RSS_BOUND  # TensorFlow alone takes more

@@ -22,6 +22,7 @@ import yaml
 
 from tests.cli_runner import repro
 from tests.integration.service_procs import Service
+from tests.unit.test_keras_definition_checker import repeat_vector_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "models"
 RESNET = (EXAMPLES / "resnet20.json").read_bytes()
@@ -133,9 +134,9 @@ def spec_using(digest: str, service: Service, data: bytes | None = None) -> str:
     return json.dumps(spec)
 
 
-def _changed(change: Any) -> bytes:
+def _changed(change: Any, name: str = "pool") -> bytes:
     config = json.loads(RESNET)
-    layer = next(la for la in config["config"]["layers"] if la["config"]["name"] == "pool")
+    layer = next(la for la in config["config"]["layers"] if la["config"]["name"] == name)
     change(layer)
     return json.dumps(config).encode()
 
@@ -163,6 +164,21 @@ def test_push_list_show_download(service: Service) -> None:
 
 
 REFUSED: dict[str, tuple[bytes, int, str]] = {
+    "a build_config Keras would build otherwise": (
+        # Keras builds it from input_shape (7,000 x 10); shapes_dict says 64 x 10.
+        _changed(
+            lambda la: la.update(
+                build_config={
+                    "input_shape": [None, 7000],
+                    "shapes_dict": {"input_shape": [None, 64]},
+                }
+            ),
+            "logits",
+        ),
+        422,
+        "resnet20/logits: Dense: build_config.input_shape is [None, 7000]",
+    ),
+    "an activation bomb": (repeat_vector_model(2**28), 422, "REPRO_MAX_ACTIVATION_ELEMENTS"),
     "lambda layer": (
         _changed(lambda la: la.update(class_name="Lambda")),
         422,
@@ -179,13 +195,7 @@ REFUSED: dict[str, tuple[bytes, int, str]] = {
         "'my_layers'",
     ),
     "over the parameter limit": (
-        _changed(
-            lambda la: la.update(
-                class_name="Dense",
-                config={**la["config"], "units": 100_000},
-                build_config={"input_shape": [None, 64]},
-            )
-        ),
+        _changed(lambda la: la["config"].update(units=100_000), "logits"),
         422,
         "REPRO_MAX_MODEL_PARAMETERS",
     ),
@@ -362,3 +372,26 @@ def test_a_keras_archive_keeps_its_architecture_and_its_weights_are_ignored(
     plain.write_bytes(RESNET)
     json_push = _repro(service, "model", "push", str(plain))
     assert json_push.returncode == 0 and "ignored" not in json_push.stderr
+
+
+def test_the_activation_limit_is_applied_at_submit_for_the_spec_s_batch(
+    service: Service,
+) -> None:
+    # 2**25 values per example pass at push; 16 of them in a batch are over 2**28.
+    bomb = repeat_vector_model(2**22)
+    assert push(service.client, bomb, name="repeat").status_code == 201
+    x = np.zeros((32, 8), dtype=np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, x=x, y=np.arange(32, dtype=np.int64) % 2)
+    spec = json.loads(spec_using(sha256(bomb), service, buf.getvalue()))
+    spec["dataset"]["params"] = {"num_classes": 2}
+    spec["dataset"]["batch_size"] = 16
+    refused = service.submit(json.dumps(spec), content_type="application/json")
+    assert refused.status_code == 422, refused.text
+    assert "bomb/repeat" in refused.json()["detail"]
+    assert "for a batch of 16" in refused.json()["detail"]
+    assert refused.json()["errors"][0]["loc"] == "model.definition"
+    assert nothing_submitted(service)
+    spec["dataset"]["batch_size"] = 8  # 2**28 exactly: within the limit
+    accepted = service.submit(json.dumps(spec), content_type="application/json")
+    assert accepted.status_code == 201, accepted.text

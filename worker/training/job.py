@@ -17,7 +17,12 @@ from worker.data.job_data import build_job_data
 from worker.data.stateless_dataset import StatelessRngDataset, stateful_random_ops_in
 from worker.errors import ArchitectureError, GeneratorError
 from worker.models import registry
-from worker.models.keras_definition import DefinitionInfo, DefinitionRefused, read_definition
+from worker.models.keras_definition import (
+    DefinitionInfo,
+    DefinitionRefused,
+    check_activations,
+    read_definition,
+)
 from worker.models.model_size import check_parameter_limit
 from worker.record.fingerprint import fingerprint_state
 from worker.record.trace import PointKind, TracePoint
@@ -60,6 +65,7 @@ class Job:
         seed: SeedTuple,
         *,
         max_model_parameters: int | None = None,
+        max_activation_elements: int | None = None,
         data: dict[str, np.ndarray] | None = None,
         placement: Placement | None = None,
         model_definition: bytes | None = None,
@@ -75,6 +81,7 @@ class Job:
         self.warnings: list[str] = job_data.warnings
         info = _data_info(self.data, source)
 
+        self.max_activation_elements = max_activation_elements
         self._build(info, max_model_parameters, model_definition)
         self._compile_steps()
         # A batch of exactly (x, y) is digested as a step consumes it: one step per call
@@ -109,6 +116,7 @@ class Job:
             info,
             definition=model_definition if spec.model.definition is not None else None,
             limit=max_model_parameters,
+            activation_limit=(self.max_activation_elements, spec.dataset.batch_size),
         )
         keras.backend.clear_session()  # fresh layer-name counters: stable variable paths
         determinism.reseed(self.seed, "init")
@@ -268,16 +276,26 @@ def _model_builder(
     *,
     definition: bytes | None,
     limit: int | None,
+    activation_limit: tuple[int | None, int] = (None, 1),
 ) -> tuple[Callable[..., Any], str | None]:
     """The architecture's factory (given the stored model definition, when the spec names
     one), its size checked against `limit` before any weight exists where possible; and the
-    reason when that check must wait for the build."""
+    reason when that check must wait for the build. A definition's largest tensor for a
+    batch is held against `activation_limit` (limit, batch size) with the data's shape."""
     build = arch.load()
     if definition is not None:
         # A stored definition: counted from its config, before any weight exists.
+        checked = read_definition(definition)
         if limit is not None:
-            counted = read_definition(definition).parameter_count
-            check_parameter_limit(counted, limit, how="counted from its config")
+            check_parameter_limit(checked.parameter_count, limit, how="counted from its config")
+        most, batch = activation_limit
+        if most is not None:
+            try:
+                check_activations(
+                    checked, batch_size=batch, limit=most, sample_shape=tuple(info.x_shape)
+                )
+            except DefinitionRefused as exc:
+                raise ArchitectureError(f"model definition refused: {exc}") from None
         return functools.partial(build, definition=definition), None
     if limit is None:
         return build, None

@@ -121,6 +121,7 @@ def _set_up(
         spec,
         seed,
         max_model_parameters=max_model_parameters,
+        max_activation_elements=options.max_activation_elements,
         data=data,
         placement=placement,
         model_definition=model_definition,

@@ -32,6 +32,9 @@ class TrainingOptions:
     # An operator's limit on the model's parameters, checked before any weight is allocated
     # when the size is arithmetic on the spec.
     max_model_parameters: int | None = None
+    # An operator's limit on the values in a model definition's largest tensor for one
+    # batch, checked before Keras builds the model.
+    max_activation_elements: int | None = None
     trace_every_steps: int | None = None
     until_epoch: int | None = None
     # Ends training after this global step, mid-epoch (a spot check's replay of the stretch

@@ -128,7 +128,10 @@ def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
                 for a in checkpoint.files
             ],
         ),
-        limits={"max_model_parameters": settings.max_model_parameters},
+        limits={
+            "max_model_parameters": settings.max_model_parameters,
+            "max_activation_elements": settings.max_activation_elements,
+        },
         job={
             k: int(options[k])
             for k in ("trace_every_steps", "until_epoch", "until_step")

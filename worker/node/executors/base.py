@@ -36,6 +36,8 @@ class JobRequest:
     code_file: Path | None = None
     # The run's Keras model definition (inside the workspace, verified by digest), if any.
     model_file: Path | None = None
+    # The server's bound on a model definition's largest tensor for one batch.
+    max_activation_elements: int | None = None
 
 
 def export_environment(request: JobRequest, workspace: Path | None = None) -> dict[str, str]:

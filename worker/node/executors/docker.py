@@ -249,6 +249,7 @@ class DockerExecutor:
             checkpoint_dir=checkpoints,
             resume=request.resume,
             max_model_parameters=request.max_model_parameters,
+            max_activation_elements=request.max_activation_elements,
             trace_every_steps=request.trace_every_steps,
             until_epoch=request.until_epoch,
             until_step=request.until_step,
