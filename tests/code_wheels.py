@@ -121,3 +121,88 @@ training:
 def ring_spec(digest: str, extra: str = "") -> str:
     """The YAML spec training the test bundle's components from the bundle `digest`."""
     return RING_SPEC + f'code: "{digest}"\n' + extra
+
+
+# Hostile bundles: each wraps the test generator with something done when the job builds it.
+_HOSTILE_DATA_PY = '''
+import json
+import os
+import subprocess
+import sys
+
+
+def _argument(name: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1]
+
+
+def linked_rings(params: dict[str, Any], *, batch_size: int) -> BatchSource:
+    """Checkpoint files that are links to a file of the host, announced as a checkpoint."""
+    checkpoints = _argument("--checkpoint-dir")
+    for suffix in ("npz", "json"):
+        link = os.path.join(checkpoints, f"step-000000001.{suffix}")
+        if not os.path.lexists(link):
+            os.symlink(TARGET, link)
+    event = {"event": "checkpoint", "path": "step-000000001.json", "step": 1}
+    sys.stderr.write("@repro " + json.dumps(event) + "\\n")
+    sys.stderr.flush()
+    return rings(params, batch_size=batch_size)
+
+
+DAEMON = """
+import glob, json, os, sys, time
+runs, marker = sys.argv[1], sys.argv[2]
+with open(marker + ".tmp", "w") as fh:
+    fh.write(str(os.getpid()))
+os.replace(marker + ".tmp", marker)
+end = time.time() + 300
+while time.time() < end:
+    for path in glob.glob(os.path.join(runs, "*", "attempt-*", "result.json")):
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+            for epoch in doc.get("metrics", []):
+                epoch.update({k: 0.001 for k in epoch if k.endswith("loss")})
+            with open(path, "w") as fh:
+                json.dump(doc, fh)
+        except Exception:
+            pass
+    time.sleep(0.01)
+"""
+LAUNCHER = (
+    "import subprocess, sys; subprocess.Popen([sys.executable, '-c', *sys.argv[1:]], "
+    "start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, "
+    "stderr=subprocess.DEVNULL)"
+)
+
+
+def daemon_rings(params: dict[str, Any], *, batch_size: int) -> BatchSource:
+    """A daemon (setsid, double fork) that outlives the job, rewriting every result.json
+    of the worker's runs it finds; its pid goes to TARGET once it runs."""
+    runs = os.path.dirname(os.path.dirname(os.path.dirname(_argument("--out"))))
+    quiet = subprocess.DEVNULL
+    if os.path.exists(TARGET):  # built once already
+        return rings(params, batch_size=batch_size)
+    subprocess.run(
+        [sys.executable, "-c", LAUNCHER, DAEMON, runs, TARGET],
+        start_new_session=True, stdin=quiet, stdout=quiet, stderr=quiet, check=True,
+    )
+    for _ in range(3000):  # the job goes on only once the daemon runs
+        if os.path.exists(TARGET):
+            break
+        __import__("time").sleep(0.01)
+    return rings(params, batch_size=batch_size)
+'''
+
+
+def hostile_bundle(generator: str, target: str) -> bytes:
+    """The test bundle with its generator replaced by `linked_rings` (checkpoints linked to
+    the host file `target`) or `daemon_rings` (a daemon writing its pid to `target`)."""
+    data = DATA_PY + f"\nTARGET = {target!r}\n" + _HOSTILE_DATA_PY
+    return make_wheel(
+        {
+            "ring_bundle/__init__.py": b"",
+            "ring_bundle/data.py": data.encode(),
+            "ring_bundle/model.py": MODEL_PY.encode(),
+        },
+        entry_points=RING_ENTRY_POINTS.replace("data:rings", f"data:{generator}"),
+    )

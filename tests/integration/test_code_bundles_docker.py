@@ -1,7 +1,8 @@
 """Code bundles under the Docker executor, through a real API, agent and engine: a bundle's
 generator and custom layer train in a locked-down container and a rerun is identical; the
 provenance holds the bundle's digest and per-file manifest; a bundle that opens a network
-connection at import fails inside the container saying so.
+connection at import fails inside the container saying so; a bundle that links its
+checkpoint files to a host file fails without the agent reading that file.
 
 Runs only where an engine answers and the worker image (REPRO_TEST_WORKER_IMAGE) can
 install bundles; skips saying why otherwise.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from tests.code_wheels import make_wheel, ring_bundle, ring_spec
 from tests.integration.service_procs import Service, service_with_worker
 from tests.integration.test_code_bundles import pushed_digest
+from tests.integration.test_trusted_code_containment import assert_linked_checkpoints_refused
 
 docker = pytest.importorskip("docker", reason="the docker SDK is not installed (.[docker])")
 
@@ -102,3 +105,9 @@ def test_bundle_that_opens_a_connection_at_import_fails_saying_so(service: Servi
     message = run["error"]["message"]
     assert "failed at import" in message and "ring_bundle.data" in message
     assert "OSError" in message or "unreachable" in message.lower()
+
+
+def test_checkpoint_links_to_a_host_file_are_refused(service: Service, tmp_path: Path) -> None:
+    # The workspace is a bind mount of the host's attempt directory: a link the container
+    # makes there names a host path, which the agent must never open.
+    assert_linked_checkpoints_refused(service, tmp_path)

@@ -17,7 +17,8 @@ from worker.node.api_errors import (
     LeaseLost,
     file_sha256,
 )
-from worker.node.transport import API, Transport, as_dict, file_chunks
+from worker.node.job_workspace import OpenedFile, open_regular
+from worker.node.transport import API, Transport, as_dict
 
 __all__ = [
     "ApiClient",
@@ -244,16 +245,43 @@ class ApiClient(Transport):
         return as_dict(response)
 
     def upload_artifact(
-        self, run_id: Id, worker_id: Id, path: Path, *, kind: str, name: str, epoch: int | None
+        self,
+        run_id: Id,
+        worker_id: Id,
+        source: Path | OpenedFile,
+        *,
+        kind: str,
+        name: str,
+        epoch: int | None,
     ) -> dict[str, Any]:
-        """Stream a file to the run's artifacts; returns {"id", "sha256", "size"}."""
-        digest, size = file_sha256(path)
+        """Stream a file to the run's artifacts; returns {"id", "sha256", "size"}.
+
+        `source` is a file already opened (a job's, through its workspace) or a path, opened
+        here only if it is a regular file and not a link; either way every byte sent and
+        hashed comes from one descriptor, so nothing swapped in by name is sent.
+        """
+        if isinstance(source, OpenedFile):
+            return self._upload(run_id, worker_id, source, kind=kind, name=name, epoch=epoch)
+        with open_regular(source) as opened:
+            return self._upload(run_id, worker_id, opened, kind=kind, name=name, epoch=epoch)
+
+    def _upload(
+        self,
+        run_id: Id,
+        worker_id: Id,
+        source: OpenedFile,
+        *,
+        kind: str,
+        name: str,
+        epoch: int | None,
+    ) -> dict[str, Any]:
+        digest = source.sha256()
         params: dict[str, Id] = {"worker_id": worker_id, "kind": kind, "name": name}
         if epoch is not None:
             params["epoch"] = epoch
         headers = {
             "Content-Type": "application/octet-stream",
-            "Content-Length": str(size),  # known up front, so httpx does not chunk the body
+            "Content-Length": str(source.size),  # known up front, so httpx does not chunk it
             "X-Content-SHA256": digest,
         }
         url = f"{API}/runs/{run_id}/artifacts"
@@ -261,7 +289,7 @@ class ApiClient(Transport):
         def build() -> httpx.Request:
             # A fresh generator per attempt: a retried upload re-reads the file from the start.
             return self._http.build_request(
-                "POST", url, params=params, headers=headers, content=file_chunks(path)
+                "POST", url, params=params, headers=headers, content=source.chunks()
             )
 
         return as_dict(self._send(build, idempotent=False, lease=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import re
 import shutil
@@ -18,10 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
-from worker.node.dataset_cache import DatasetCache, DatasetTooLargeForMemory, job_memory
 from worker.node.executors import Executor, JobHandle, JobRequest
 from worker.node.job_files import (
     KILL_GRACE_SECONDS,
@@ -30,11 +28,14 @@ from worker.node.job_files import (
     checkpoint_downloads,
     checkpoint_uploads,
     describe_exit,
+    job_file_bounds,
 )
+from worker.node.job_workspace import JobWorkspace, UnsafeJobFile
 from worker.node.liveness import mark_alive
 from worker.node.reports import Outbox, Report, ReportKind
+from worker.node.run_inputs import InputUnavailable, fetch_inputs
 from worker.record.environment_capture import claim_environment
-from worker.result import read_result
+from worker.result import JobResult
 from worker.training.progress import parse_line
 
 log = logging.getLogger("reprotrain.agent")
@@ -100,6 +101,9 @@ class ClaimedRun:
         self.outbox = outbox
         # The newest checkpoint, while the API has not taken it: the result needs it.
         self._unsent: Upload | None = None
+        # Why a file the job wrote was refused (a link, not a regular file): the run fails.
+        self._refused: str | None = None
+        self._bounds = job_file_bounds(claim.get("limits") or {})
         self.lease_seconds = float((claim.get("lease") or {}).get("seconds", lease_seconds))
         self.heartbeat_seconds = heartbeat_seconds
         self.run_id: Id = claim["run"]["id"]
@@ -123,17 +127,17 @@ class ClaimedRun:
         resume = self._fetch_checkpoint(self.claim.get("checkpoint"), ckpt_dir)
         log.info("run %s attempt %d claimed%s", self.run_id, attempt, " (resuming)" * resume)
         try:
-            dataset_file = self._fetch_dataset(run["spec"])
-        except (ApiError, OSError, ValueError) as exc:  # not served, or not storable here
-            return self._dataset_unavailable(exc)
-        try:
-            code_file = self._fetch_code(run["spec"], attempt_dir)
-        except (ApiError, OSError, ValueError) as exc:
-            return self._code_unavailable(exc)
-        try:
-            model_file = self._fetch_model(run["spec"], attempt_dir)
-        except (ApiError, OSError, ValueError) as exc:
-            return self._model_unavailable(exc)
+            inputs = fetch_inputs(
+                run["spec"],
+                client=self.client,
+                executor=self.executor,
+                work_dir=self.work_dir,
+                attempt_dir=attempt_dir,
+            )
+        except InputUnavailable as exc:  # not served, or not storable here
+            log.warning("run %s: %s", self.run_id, exc)
+            return self.report(exc.kind, **exc.body)
+        dataset_file, code_file, model_file = inputs
         if self.stop.is_set():  # stopped while downloading: do not start a job only to stop it
             return self.report("release", reason="worker shutting down")
         options = self.claim.get("job") or {}
@@ -153,32 +157,45 @@ class ClaimedRun:
             dataset_file=dataset_file,
             code_file=code_file,
             model_file=model_file,
+            max_activation_elements=(self.claim.get("limits") or {}).get("max_activation_elements"),
             # A re-trace or replay of part of a run ends mid-run: no model to take away.
             export_model=None
             if options.get("until_epoch") is not None or options.get("until_step") is not None
             else attempt_dir / MODEL_FILE,
         )
-        started = time.monotonic()
-        job = Job(self.run_id, self.executor.start(request))
-        try:
-            return self._follow(job, request, started)
-        finally:
-            job.handle.close()
-            shutil.rmtree(ckpt_dir, ignore_errors=True)  # uploaded, or superseded by the API's
+        # Opened before the job starts, so what the agent reads and writes there is reached
+        # from this descriptor, whatever the job makes of the names inside.
+        with JobWorkspace(attempt_dir) as workspace, workspace.create_log("job.log") as job_log:
+            started = time.monotonic()
+            job = Job(self.run_id, self.executor.start(request))
+            try:
+                return self._follow(job, request, workspace, job_log, started)
+            finally:
+                job.handle.close()
+                shutil.rmtree(ckpt_dir, ignore_errors=True)  # uploaded, or superseded
 
-    def _follow(self, job: Job, request: JobRequest, started: float) -> Report | None:
+    def _follow(
+        self,
+        job: Job,
+        request: JobRequest,
+        workspace: JobWorkspace,
+        job_log: IO[str],
+        started: float,
+    ) -> Report | None:
         stops = self.watch(job)
         if stops:  # asked to stop while the job was being started
             job.handle.send_signal(signal.SIGKILL if stops > 1 else signal.SIGTERM)
         uploads: queue.Queue[Upload | None] = queue.Queue()
-        uploader = threading.Thread(target=self._upload_loop, args=(job, uploads), daemon=True)
+        uploader = threading.Thread(
+            target=self._upload_loop, args=(job, workspace, uploads), daemon=True
+        )
         beater = threading.Thread(target=self._heartbeat_loop, args=(job,), daemon=True)
         uploader.start()
         beater.start()
         try:
             tail = StderrTail()
             try:
-                self._read_output(job, request, tail, uploads)
+                self._read_output(job, request, tail, uploads, job_log)
                 code = job.handle.wait()
             except BaseException:
                 job.handle.send_signal(signal.SIGKILL)
@@ -189,7 +206,8 @@ class ClaimedRun:
                 self.watch(None)
                 uploads.put(None)
                 uploader.join()  # every checkpoint is in before the run is reported
-            return self._final_report(job, code, request, tail, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            return self._final_report(job, code, request, workspace, tail, seconds)
         finally:
             # Heartbeats go on until here (uploads can outlast the job); from here on the
             # courier keeps the lease while the report waits.
@@ -217,40 +235,45 @@ class ClaimedRun:
         request: JobRequest,
         tail: StderrTail,
         uploads: queue.Queue[Upload | None],
+        job_log: IO[str],
     ) -> None:
-        with open(request.attempt_dir / "job.log", "w", encoding="utf-8") as job_log:
-            for line in job.handle.stderr_lines():
-                event = parse_line(line)
-                if event is None:
-                    tail.add(line)
-                    job_log.write(line + "\n")
-                    continue
-                job.progress = event
-                if event["event"] == "checkpoint" and not job.abandoned.is_set():
-                    try:
-                        uploads.put(checkpoint_uploads(request.checkpoint_dir, event))
-                    except ValueError as exc:
-                        log.warning("run %s: %s", job.run_id, exc)
+        for line in job.handle.stderr_lines():
+            event = parse_line(line)
+            if event is None:
+                tail.add(line)
+                job_log.write(line + "\n")
+                continue
+            job.progress = event
+            if event["event"] == "checkpoint" and not job.abandoned.is_set():
+                try:
+                    uploads.put(checkpoint_uploads(request.checkpoint_dir, event))
+                except ValueError as exc:
+                    log.warning("run %s: %s", job.run_id, exc)
 
-    def _upload_loop(self, job: Job, uploads: queue.Queue[Upload | None]) -> None:
+    def _upload_loop(
+        self, job: Job, workspace: JobWorkspace, uploads: queue.Queue[Upload | None]
+    ) -> None:
         while (item := uploads.get()) is not None:
             epoch, *paths = item
             what = f"checkpoint {paths[-1].stem}"
-            if job.abandoned.is_set():
+            if job.abandoned.is_set() or self._refused is not None:
                 continue
             try:
                 for path in paths:  # npz first: the API counts a checkpoint once its json is in
-                    self.client.upload_artifact(
-                        job.run_id,
-                        self.worker_id,
-                        path,
-                        kind="checkpoint",
-                        name=path.name,
-                        epoch=epoch,
-                    )
+                    with workspace.open_file(path, max_bytes=self._bounds.artifact) as opened:
+                        self.client.upload_artifact(
+                            job.run_id,
+                            self.worker_id,
+                            opened,
+                            kind="checkpoint",
+                            name=path.name,
+                            epoch=epoch,
+                        )
                 log.debug("run %s: %s uploaded", job.run_id, what)
                 if epoch is not None:
                     self._unsent = None
+            except UnsafeJobFile as exc:
+                self._refuse(job, f"{what} not uploaded: {exc}")
             except LeaseLost as exc:
                 job.abandon(f"lease lost while uploading ({exc.detail})")
             except (ApiError, OSError) as exc:  # a later resume starts from an older checkpoint
@@ -296,13 +319,33 @@ class ClaimedRun:
                 progress,
             )
 
+    def _refuse(self, job: Job, why: str) -> None:
+        """Fail the run for a file its job wrote that the agent will not read; stop the job."""
+        log.error("run %s: %s", job.run_id, why)
+        if self._refused is None:
+            self._refused = why
+        if not job.ended.is_set():
+            job.handle.send_signal(signal.SIGKILL)
+
     def _final_report(
-        self, job: Job, code: int, request: JobRequest, tail: StderrTail, seconds: float
+        self,
+        job: Job,
+        code: int,
+        request: JobRequest,
+        workspace: JobWorkspace,
+        tail: StderrTail,
+        seconds: float,
     ) -> Report | None:
         if job.abandoned.is_set():
             return None
+        if self._refused is not None:
+            return self.report("fail", error={"type": "UnsafeJobFile", "message": self._refused})
         try:
-            result = read_result(request.result_path)
+            # Read once the job has ended: the executor's wait() has ended every process of
+            # the job by then (a container's, or the process job's group and strays), so
+            # nothing but the job wrote this file, and nothing changes it while it is read.
+            raw = workspace.read_bytes(request.result_path, max_bytes=self._bounds.result)
+            result = JobResult.model_validate(json.loads(raw))
         except (OSError, ValueError) as exc:
             if self.stop.is_set():  # we stopped it before it could write a result
                 return self.report("release", reason="worker shutting down")
@@ -323,91 +366,27 @@ class ClaimedRun:
         if result.status == "interrupted":
             reason = "worker shutting down" if self.stop.is_set() else "job interrupted"
             return self.report("release", reason=reason)
-        uploads = self._keep_unsent()
-        if result.status == "succeeded":
-            uploads += self._keep_model(request)
+        try:
+            uploads = self._keep_unsent(workspace)
+            if result.status == "succeeded":
+                uploads += self._keep_model(request, workspace)
+        except UnsafeJobFile as exc:
+            self._refuse(job, str(exc))
+            return self.report("fail", error={"type": "UnsafeJobFile", "message": str(exc)})
         return self.report("complete", result=result.model_dump(mode="json"), uploads=uploads)
 
-    def _fetch_dataset(self, spec: dict[str, Any]) -> Path | None:
-        """The run's dataset from the node's cache (fetched once, verified before each use)."""
-        digest = (spec.get("dataset") or {}).get("data")
-        if digest is None:
-            return None
-        memory = job_memory(getattr(self.executor, "memory", None))
-        cache = DatasetCache(self.work_dir / "datasets", self.client, memory=memory)
-        return cache.fetch(str(digest))
-
-    def _fetch_code(self, spec: dict[str, Any], attempt_dir: Path) -> Path | None:
-        """The run's code bundle, downloaded into its workspace and verified by digest."""
-        digest = spec.get("code")
-        if digest is None:
-            return None
-        match = re.fullmatch(r"sha256:([0-9a-f]{64})", str(digest))
-        if match is None:  # the digest becomes a file name
-            raise ValueError(f"not a code bundle digest: {digest!r}")
-        path = attempt_dir / "code" / f"{match.group(1)}.whl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.client.download_code_bundle(str(digest), path)
-        os.chmod(path, 0o444)  # what the job installs is what was verified
-        return path
-
-    def _fetch_model(self, spec: dict[str, Any], attempt_dir: Path) -> Path | None:
-        """The run's model definition, downloaded into its workspace and verified by digest."""
-        digest = (spec.get("model") or {}).get("definition")
-        if digest is None:
-            return None
-        match = re.fullmatch(r"sha256:([0-9a-f]{64})", str(digest))
-        if match is None:  # the digest becomes a file name
-            raise ValueError(f"not a model definition digest: {digest!r}")
-        path = attempt_dir / "model-definition" / match.group(1)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.client.download_model_definition(str(digest), path)
-        os.chmod(path, 0o444)  # what the job loads is what was verified
-        return path
-
-    def _model_unavailable(self, exc: Exception) -> Report:
-        log.warning("run %s: model definition unavailable: %s", self.run_id, exc)
-        if isinstance(exc, ApiError) and exc.retryable:
-            return self.report("release", reason=f"model definition not available now ({exc})")
-        return self.report(
-            "fail",
-            error={
-                "type": "ModelDefinitionUnavailable",
-                "message": f"cannot fetch the model definition: {exc}",
-            },
-        )
-
-    def _code_unavailable(self, exc: Exception) -> Report:
-        log.warning("run %s: code bundle unavailable: %s", self.run_id, exc)
-        if isinstance(exc, ApiError) and exc.retryable:
-            return self.report("release", reason=f"code bundle not available now ({exc})")
-        return self.report(
-            "fail",
-            error={"type": "CodeBundleUnavailable", "message": f"cannot fetch the bundle: {exc}"},
-        )
-
-    def _dataset_unavailable(self, exc: Exception) -> Report:
-        log.warning("run %s: dataset unavailable: %s", self.run_id, exc)
-        if isinstance(exc, ApiError) and exc.retryable:  # the API is away or busy for now
-            return self.report("release", reason=f"dataset not available now ({exc})")
-        if isinstance(exc, DatasetTooLargeForMemory):  # before the job, not an OOM kill in it
-            return self.report("fail", error={"type": "DatasetTooLarge", "message": str(exc)})
-        return self.report(
-            "fail",
-            error={"type": "DatasetUnavailable", "message": f"cannot fetch the dataset: {exc}"},
-        )
-
-    def _keep_model(self, request: JobRequest) -> list[dict[str, Any]]:
+    def _keep_model(self, request: JobRequest, workspace: JobWorkspace) -> list[dict[str, Any]]:
         """Move the exported model to the outbox, to upload (kind "model") before the result."""
         model = request.export_model
-        if model is None or not model.is_file():
+        if model is None:
             return []
         keep = self.outbox.files_dir(self.run_id)
         keep.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.replace(model, keep / model.name)
+        if workspace.move_out(model, keep) is None:  # the job exported none
+            return []
         return [{"file": model.name, "kind": "model"}]
 
-    def _keep_unsent(self) -> list[dict[str, Any]]:
+    def _keep_unsent(self, workspace: JobWorkspace) -> list[dict[str, Any]]:
         """Move the final checkpoint the API has not taken to the outbox, to send later."""
         if self._unsent is None:
             return []
@@ -416,7 +395,8 @@ class ClaimedRun:
         keep = self.outbox.files_dir(self.run_id)
         keep.mkdir(mode=0o700, parents=True, exist_ok=True)
         for path in paths:  # same file system: a rename, not a copy
-            os.replace(path, keep / path.name)
+            if workspace.move_out(path, keep) is None:
+                raise FileNotFoundError(f"checkpoint file {path.name} is gone")
         log.info(
             "run %s: checkpoint of epoch %d kept to upload with the result", self.run_id, epoch
         )

@@ -11,7 +11,7 @@ import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 KILL_GRACE_SECONDS = 10.0
 # Epoch-end checkpoints, and mid-epoch ones every K global steps.
@@ -81,3 +81,26 @@ def describe_exit(code: int) -> str:
         return f"signal {signal.Signals(-code).name}"
     except ValueError:
         return f"signal {-code}"
+
+
+# What the agent reads of a job's files at most when the claim does not say: the API's
+# default REPRO_MAX_RESULT_BYTES (a larger result would be refused there anyway).
+MAX_RESULT_BYTES = 64 * 1024**2
+
+
+class JobFileBounds(NamedTuple):
+    """Bytes the agent reads of one job file: the result document, and one uploaded file
+    (None: the API's own bound, which it applies before reading past it)."""
+
+    result: int
+    artifact: int | None
+
+
+def job_file_bounds(limits: dict[str, Any]) -> JobFileBounds:
+    """The bounds a claim's `limits` set (`max_result_bytes`, `max_artifact_bytes`), else
+    the defaults."""
+    result, artifact = limits.get("max_result_bytes"), limits.get("max_artifact_bytes")
+    return JobFileBounds(
+        result=int(result) if isinstance(result, int) and result > 0 else MAX_RESULT_BYTES,
+        artifact=int(artifact) if isinstance(artifact, int) and artifact > 0 else None,
+    )

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
+from worker.node.job_workspace import UnsafeJobFile
 from worker.record.durable import fsync_path
 
 log = logging.getLogger("reprotrain.agent")
@@ -244,7 +245,8 @@ class Courier:
                     name=path.name,
                     epoch=None if epoch is None else int(epoch),
                 )
-            except OSError as exc:  # gone from disk: the API records the run without it
+            except (OSError, UnsafeJobFile) as exc:  # gone, or not a regular file any more:
+                # the API records the run without it
                 log.error("run %s: cannot upload %s: %s", report.run_id, path, exc)
             except ApiError as exc:
                 # The exported model is a convenience: an API that refuses it (too large,

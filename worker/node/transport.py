@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -19,13 +19,6 @@ from worker.node.api_errors import ApiError, ApiUnreachable, ArtifactCorrupt, er
 API = "/api/v1"
 _RETRY_STATUSES = frozenset({502, 503, 504})
 _CHUNK = 1 << 20
-
-
-def file_chunks(path: Path) -> Iterator[bytes]:
-    """A file's bytes in 1 MiB chunks, for a request body that is never held whole."""
-    # A generator opens the file only when httpx starts sending, once per attempt.
-    with open(path, "rb") as fh:
-        yield from iter(lambda: fh.read(_CHUNK), b"")
 
 
 def as_dict(response: httpx.Response) -> dict[str, Any]:
