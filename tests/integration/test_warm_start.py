@@ -169,7 +169,10 @@ def test_a_dead_warm_interpreter_is_replaced_and_its_job_starts_cold(tmp_path: P
 
 
 def test_a_code_bundle_never_runs_in_a_warm_interpreter(tmp_path: Path) -> None:
-    executor = ProcessExecutor(trust_code=True)
+    # A worker that trusts bundles keeps no warm interpreter at all (tested through the
+    # command line in test_trusted_code_containment); should a bundle run reach one that
+    # does, it is still never handed over.
+    executor = ProcessExecutor()
     try:
         executor.prepare()
         warm = executor._warm

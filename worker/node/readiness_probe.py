@@ -49,7 +49,8 @@ def registration_flags(report: Mapping[str, Any], limit: int = 32) -> list[dict[
 
 def in_process(*, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Run the checks in a fresh interpreter with the environment a process job gets."""
-    from worker.node.executors.process import job_environment, pdeathsig_preexec
+    from worker.node.executors.process import job_environment
+    from worker.node.executors.process_isolation import pdeathsig_preexec
 
     dies_with_parent = pdeathsig_preexec()
 

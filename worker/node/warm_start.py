@@ -4,7 +4,9 @@ A warm interpreter (`python -m worker.training.warm_run`) has imported TensorFlo
 imports, and initialised nothing a spec sets. A claimed job is handed to it only when it
 needs exactly the start-up environment the interpreter was started with (PYTHONHASHSEED,
 the determinism and thread variables, everything else the job's environment holds) and
-no code bundle; otherwise the interpreter is discarded and the job starts cold.
+no code bundle; otherwise the interpreter is discarded and the job starts cold. A worker
+that trusts code bundles keeps no warm interpreter at all: a bundle's job runs as the same
+user and could reach into the one waiting for the next job (ProcessExecutor).
 TensorFlow-free.
 """
 

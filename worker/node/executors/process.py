@@ -10,11 +10,8 @@ with (worker/node/warm_start.py). TensorFlow-free.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
-import re
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +20,15 @@ from typing import Any
 
 from worker.errors import SpecError
 from worker.node.executors.base import JobRequest, export_environment
+from worker.node.executors.process_isolation import (
+    become_subreaper,
+    end_job_processes,
+    hide_agent_memory,
+    hide_startup_credentials,
+    is_credential,
+    pdeathsig_preexec,
+    start_ticks,
+)
 from worker.node.warm_start import WarmInterpreter, startup_part
 from worker.result import JobResult, read_result
 from worker.spec import DeterminismSpec, load_spec
@@ -30,105 +36,7 @@ from worker.training.determinism import required_environment
 from worker.training.progress import parse_line
 
 EventHandler = Callable[[dict[str, Any]], None]
-_PR_SET_PDEATHSIG = 1
 log = logging.getLogger("reprotrain.agent")
-
-
-def pdeathsig_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
-    """A Popen `preexec_fn` that makes the child get `sig` when its parent dies; None off Linux.
-
-    Linux sends the signal when the *thread* that started the child exits, so the thread
-    that calls Popen must outlive the child (the agent waits for its job in that thread).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    # Look prctl up before fork, so the child runs as little code as possible.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:  # the parent died before prctl: no signal would ever come
-            os.kill(os.getpid(), sig)
-
-    return preexec
-
-
-_PR_SET_DUMPABLE = 4
-_ENV_END_FIELD = 51  # of /proc/<pid>/stat, counted from 1
-
-
-def hide_agent_memory() -> None:
-    """Make this process non-dumpable (Linux): a job, which runs as the same user, can then
-    read neither its memory nor the environment it was started with (/proc/<agent>/environ
-    holds REPRO_TOKEN whatever the job's own environment is). A job's exec makes the job
-    itself dumpable again."""
-    if not sys.platform.startswith("linux"):
-        return
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    if prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
-
-
-# A job runs model and generator code the agent does not vouch for, so it sees none of the
-# agent's credentials: its worker token, and whatever else the operator's environment holds
-# (service settings when the agent runs beside the API, cloud keys, an ssh agent's socket).
-_CREDENTIAL_MARKERS = (
-    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "COOKIE",
-    "DATABASE", "_DSN", "PRIVATE",
-)  # fmt: skip
-# A URL with a password in it (a proxy, a database) is a credential whatever its name.
-_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
-
-
-def is_credential(name: str, value: str) -> bool:
-    """Whether an environment variable carries a credential the job must not see."""
-    upper = name.upper()
-    return any(m in upper for m in _CREDENTIAL_MARKERS) or bool(_URL_PASSWORD.search(value))
-
-
-def _startup_environment_block() -> tuple[int, int] | None:
-    """Where the environment this process was started with lies in its memory (Linux)."""
-    try:
-        stat = Path("/proc/self/stat").read_text()
-    except OSError:
-        return None
-    # Fields after the command name, which may hold spaces: env_start and env_end are the
-    # 50th and 51st of the whole line.
-    fields = stat.rsplit(")", 1)[1].split()
-    if len(fields) < _ENV_END_FIELD - 2:
-        return None
-    start, end = int(fields[_ENV_END_FIELD - 4]), int(fields[_ENV_END_FIELD - 3])
-    return (start, end) if 0 < start < end else None
-
-
-def hide_startup_credentials() -> None:
-    """Blank the credentials in the environment block this process was started with.
-
-    /proc/<pid>/environ shows that block, and a process of the same user may read it even
-    when this one is not dumpable; the agent's own copies (os.environ, and the C library's,
-    which is re-set here so child processes started without an explicit environment keep
-    them) are untouched.
-    """
-    block = _startup_environment_block()
-    if block is None:
-        return
-    start, end = block
-    raw = ctypes.string_at(start, end - start)
-    offset = 0
-    for entry in raw.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        text_name, text_value = name.decode(errors="replace"), value.decode(errors="replace")
-        if sep and value and is_credential(text_name, text_value):
-            if text_name in os.environ:
-                os.putenv(text_name, os.environ[text_name])  # a copy of its own for libc
-            ctypes.memset(start + offset + len(name) + 1, 0, len(value))
-        offset += len(entry) + 1
 
 
 def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -156,6 +64,7 @@ def job_command(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     max_model_parameters: int | None = None,
+    max_activation_elements: int | None = None,
     trace_every_steps: int | None = None,
     until_epoch: int | None = None,
     until_step: int | None = None,
@@ -182,6 +91,8 @@ def job_command(
         cmd += ["--until-step", str(until_step)]
     if max_model_parameters is not None:
         cmd += ["--max-model-parameters", str(max_model_parameters)]
+    if max_activation_elements is not None:
+        cmd += ["--max-activation-elements", str(max_activation_elements)]
     if checkpoint_dir is not None:
         cmd += ["--checkpoint-dir", str(checkpoint_dir)]
     if resume:
@@ -213,6 +124,7 @@ def request_command(request: JobRequest) -> list[str]:
         checkpoint_dir=request.checkpoint_dir,
         resume=request.resume,
         max_model_parameters=request.max_model_parameters,
+        max_activation_elements=request.max_activation_elements,
         trace_every_steps=request.trace_every_steps,
         until_epoch=request.until_epoch,
         until_step=request.until_step,
@@ -237,12 +149,18 @@ def _popen_options() -> dict[str, Any]:
 
 
 class ProcessJob:
-    """A job subprocess in its own session that dies with the thread that started it."""
+    """A job subprocess in its own session that dies with the thread that started it; when
+    it ends, so does every other process of its group (and of it at all, if `contain`)."""
 
     failure_reason: str | None = None
 
     def __init__(
-        self, request: JobRequest, *, proc: subprocess.Popen[str] | None = None, warm: bool = False
+        self,
+        request: JobRequest,
+        *,
+        proc: subprocess.Popen[str] | None = None,
+        warm: bool = False,
+        contain: bool = False,
     ) -> None:
         self.warm = warm  # started in a warm interpreter
         self._proc: subprocess.Popen[str] = proc or subprocess.Popen(
@@ -251,6 +169,11 @@ class ProcessJob:
             stdin=subprocess.DEVNULL,
             **_popen_options(),
         )
+        # Contained (the agent is a subreaper): processes of the job that left its group are
+        # found among the agent's children by their start, no earlier than the job's.
+        self._since = start_ticks(self._proc.pid) if contain else None
+        self._result_path = request.result_path
+        self._ended = False
 
     @property
     def pid(self) -> int:
@@ -264,7 +187,12 @@ class ProcessJob:
             yield raw.rstrip("\n")
 
     def wait(self) -> int:
-        """The exit code (negative: the signal that ended the job)."""
+        """The exit code (negative: the signal that ended the job); every other process of
+        the job has been killed by the time it returns, so none writes its files later."""
+        if self._proc.returncode is None:
+            with contextlib.suppress(ChildProcessError):  # exited, left unreaped (WNOWAIT)
+                os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOWAIT)
+            self._end_the_rest()
         return self._proc.wait()
 
     def send_signal(self, sig: int) -> None:
@@ -272,13 +200,26 @@ class ProcessJob:
         self._proc.send_signal(sig)
 
     def close(self) -> None:
-        """Kill the job if it still runs, reap it and close the pipe."""
+        """Kill the job and what it started if they still run, reap them, close the pipe."""
         if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait()
+        self.wait()
         if self._proc.stderr is not None:
             with contextlib.suppress(OSError):
                 self._proc.stderr.close()
+
+    def _end_the_rest(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        pid = self._proc.pid
+        left = end_job_processes(pid, since=self._since, keep=(pid,))
+        if left:
+            # They could still write the result: the run fails rather than take it.
+            self.failure_reason = f"processes {left} of the job could not be killed"
+            log.error("job %d: %s; its result is not used", pid, self.failure_reason)
+            with contextlib.suppress(FileNotFoundError):
+                self._result_path.rename(self._result_path.with_name("result.untrusted.json"))
 
 
 class ProcessExecutor:
@@ -289,7 +230,15 @@ class ProcessExecutor:
     def __init__(self, *, trust_code: bool = False, warm_start: bool = True) -> None:
         # A job here runs as the agent's user: code bundles only when the operator says so.
         self.accepts_code = trust_code
-        self.warm_start = warm_start
+        # A trusted bundle runs as the user the warm interpreter runs as, and could read or
+        # write that interpreter (its memory, its environment) before the next job, of
+        # someone else, is handed to it: with bundles trusted, every job starts cold.
+        self.warm_start = warm_start and not trust_code
+        if warm_start and trust_code:
+            log.info("warm starts are off: code bundles are trusted, so every job starts cold")
+        # Bundle code may start processes that leave the job's group (setsid, double fork):
+        # as subreaper the agent inherits them when their parent exits, and kills them.
+        self.contain = trust_code and become_subreaper()
         self._warm: WarmInterpreter | None = None
         # The start-up environment the next job most likely needs: the last job's.
         self._next_startup: dict[str, str] | None = None
@@ -351,7 +300,7 @@ class ProcessExecutor:
                 why = "does not fit the spec" if warm.alive() else "has died"
                 log.info("run %s: warm interpreter %s; starting cold", request.run_id, why)
             warm.discard()
-        return ProcessJob(request)
+        return ProcessJob(request, contain=self.contain)
 
     def reap_orphans(self) -> None:
         """Nothing to do: a job subprocess dies with its agent (parent-death signal)."""
