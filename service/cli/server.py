@@ -431,7 +431,8 @@ def worker(
         typer.Option(
             "--warm-start/--no-warm-start",
             help="process: while idle, start the next job's interpreter (TensorFlow imported) "
-            "so a claimed job starts training sooner (docker always starts cold)",
+            "so a claimed job starts training sooner (docker, and --trust-code, always start "
+            "cold)",
         ),
     ] = True,
 ) -> None:

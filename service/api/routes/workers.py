@@ -131,6 +131,9 @@ def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
         limits={
             "max_model_parameters": settings.max_model_parameters,
             "max_activation_elements": settings.max_activation_elements,
+            # The agent bounds the result and each upload it reads from a job by these.
+            "max_result_bytes": settings.max_result_bytes,
+            "max_artifact_bytes": settings.max_artifact_bytes,
         },
         job={
             k: int(options[k])
