@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from worker.node.job_workspace import JobWorkspace, UnsafeJobFile, open_regular
 SECRET = b"the agent's secret, outside the workspace"
 CHECKPOINT = "checkpoints/step-000000001.npz"
 ROUNDS = 3000
+RACE_SECONDS = 30.0
 
 
 @pytest.fixture
@@ -94,8 +96,13 @@ def _swap_directory(workspace: Path, host: Path) -> Iterator[None]:
         yield
 
 
-def _race(swaps: Iterator[None], read: Callable[[], bytes | None]) -> set[bytes | None]:
-    """What `read` returned while another thread kept swapping; None for a refusal."""
+def _race(
+    swaps: Iterator[None], read: Callable[[], bytes | None], *, until: bytes
+) -> set[bytes | None]:
+    """What `read` returned while another thread kept swapping; None for a refusal.
+
+    At least ROUNDS reads, and on a loaded machine (where the swapping thread gets few
+    turns) more, until `read` has returned `until` once or RACE_SECONDS have passed."""
     stop = threading.Event()
 
     def swapper() -> None:
@@ -106,7 +113,10 @@ def _race(swaps: Iterator[None], read: Callable[[], bytes | None]) -> set[bytes 
     thread.start()
     seen: set[bytes | None] = set()
     try:
-        for _ in range(ROUNDS):
+        deadline = time.monotonic() + RACE_SECONDS
+        rounds = 0
+        while rounds < ROUNDS or (until not in seen and time.monotonic() < deadline):
+            rounds += 1
             try:
                 seen.add(read())
             except (UnsafeJobFile, FileNotFoundError):
@@ -131,7 +141,7 @@ def test_a_swap_between_check_and_open_yields_nothing_of_the_link_s_target(
         return path.read_bytes()
 
     # The race is real: a check followed by an open by name reads the secret.
-    assert SECRET in _race(swap(workspace, host), checked_then_opened)
+    assert SECRET in _race(swap(workspace, host), checked_then_opened, until=SECRET)
 
     with JobWorkspace(workspace) as files:
 
@@ -139,6 +149,6 @@ def test_a_swap_between_check_and_open_yields_nothing_of_the_link_s_target(
             with files.open_file(CHECKPOINT, max_bytes=1024) as opened:
                 return opened.read()
 
-        seen = _race(swap(workspace, host), safe)
+        seen = _race(swap(workspace, host), safe, until=b"job bytes")
     assert SECRET not in seen
     assert b"job bytes" in seen  # the agent still reads the job's own file
