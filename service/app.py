@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -48,6 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pool_timeout=settings.db_pool_timeout_seconds,
     )
     app.state.settings = settings
+    # Lapsed leases wait this long: workers that trained on while no API answered renew first.
+    app.state.requeue_from = time.monotonic() + settings.resolved_lease_grace_seconds
     artifacts.sweep_partial_uploads(
         [settings.resolved_artifacts_dir, settings.resolved_datasets_dir]
     )

@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     max_attempts: int = Field(default=5, ge=1)
+    # For this long after an API process starts it requeues no run whose lease lapsed: the
+    # workers that kept training while the API was away get time to renew. None: twice the
+    # lease.
+    lease_grace_seconds: float | None = Field(default=None, ge=0)
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     max_artifact_bytes: int = Field(default=8 * 1024**3, ge=1024)
     # A dataset upload (`POST /api/v1/datasets`), counted as its bytes arrive.
@@ -165,6 +169,13 @@ class Settings(BaseSettings):
         from worker.record.environment_capture import parse_name_list
 
         return ",".join(parse_name_list(value))
+
+    @property
+    def resolved_lease_grace_seconds(self) -> float:
+        """How long a starting API process leaves lapsed leases alone."""
+        if self.lease_grace_seconds is not None:
+            return self.lease_grace_seconds
+        return 2 * self.lease_seconds
 
     @property
     def resolved_database_url(self) -> str:

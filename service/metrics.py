@@ -42,6 +42,11 @@ LEASE_EXPIRIES = Counter(
     "Runs put back in the queue because the worker holding them stopped sending heartbeats",
     registry=None,
 )
+LEASES_RETAKEN = Counter(
+    "reprotrain_leases_retaken",
+    "Requeued runs taken back, on the same attempt, by the worker whose lease had lapsed",
+    registry=None,
+)
 HTTP_SECONDS = Histogram(
     "reprotrain_http_request_duration_seconds",
     "Time from a request to its response headers, by method, route template and status",
@@ -217,7 +222,7 @@ class _WaitingCollector(Collector):
 def make_registry(*, maker: sessionmaker[Session], settings: Settings, state: Any) -> Any:
     """The registry one app's `/metrics` exposes."""
     registry = CollectorRegistry()
-    for metric in (CLAIM_SECONDS, LEASE_EXPIRIES, HTTP_SECONDS):
+    for metric in (CLAIM_SECONDS, LEASE_EXPIRIES, LEASES_RETAKEN, HTTP_SECONDS):
         registry.register(metric)
     registry.register(_DatabaseCollector(maker, settings))
     registry.register(_WaitingCollector(state))

@@ -72,6 +72,10 @@ class WorkerOut(BaseModel):
 
 class WorkerReport(StrictInput):
     worker_id: Id
+    # The attempt the report is about (the claim's run.attempt): a report of an attempt that
+    # is over is refused (409) even if the same worker holds a later one. Optional for
+    # agents that predate it.
+    attempt: Id | None = None
 
 
 class HeartbeatIn(WorkerReport):

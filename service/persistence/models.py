@@ -137,6 +137,11 @@ class Run(Base):
     required_image: Mapped[str | None] = mapped_column(String(500))
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
     lease_expires_at: Mapped[datetime | None]
+    # A queued run whose lease lapsed: the worker that held it, which may take it back on
+    # the same attempt until another worker claims it (service.runs.queue.held_run).
+    lapsed_holder_id: Mapped[int | None] = mapped_column(
+        ForeignKey("workers.id", name="fk_runs_lapsed_holder_id")
+    )
     heartbeat_at: Mapped[datetime | None]
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

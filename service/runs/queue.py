@@ -72,7 +72,11 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
     requeued = db.execute(
         update(Run)
         .where(expired)
-        .values(status="queued", worker_id=None, lease_expires_at=None)
+        # The holder may still be training (the API or its network was away): until another
+        # worker claims the run, its next heartbeat or report takes the run back.
+        .values(
+            status="queued", lapsed_holder_id=Run.worker_id, worker_id=None, lease_expires_at=None
+        )
         .execution_options(synchronize_session=False)
     )
     if cast(CursorResult[Any], requeued).rowcount:
@@ -169,10 +173,14 @@ def workers_seen(db: Session, limit: int = 500) -> list[Worker]:
     return list(db.scalars(select(Worker).order_by(Worker.last_seen_at.desc()).limit(limit)))
 
 
-def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
-    """Atomically take the oldest queued run this worker can run, or None."""
+def claim(*, db: Session, settings: Settings, worker_id: int, requeue: bool = True) -> Run | None:
+    """Atomically take the oldest queued run this worker can run, or None.
+
+    With `requeue`, runs whose lease lapsed go back to the queue first (an API process
+    leaves them alone for a grace period after it starts: their workers renew first)."""
     worker = get_worker(db, worker_id)
-    requeue_expired(db=db, settings=settings)
+    if requeue:
+        requeue_expired(db=db, settings=settings)
     now = utcnow()
     candidate = aliased(Run)
     runnable = and_(
@@ -202,6 +210,7 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
         .values(
             status="running",
             worker_id=worker.id,
+            lapsed_holder_id=None,  # another claim: the lapsed holder's attempt is over
             attempt=Run.attempt + 1,
             lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
             heartbeat_at=now,
@@ -215,16 +224,40 @@ def claim(*, db: Session, settings: Settings, worker_id: int) -> Run | None:
     return db.get(Run, run_id, populate_existing=True) if run_id is not None else None
 
 
-def held_run(db: Session, run_id: int, worker_id: int) -> Run:
-    """The run if this worker holds it now; NotHeld (409) otherwise, NotFound if absent."""
+def held_run(
+    db: Session,
+    run_id: int,
+    worker_id: int,
+    *,
+    attempt: int | None = None,
+    renew_seconds: float = 0.0,
+) -> Run:
+    """The run if this worker holds it now (on `attempt`, when given); NotHeld (409)
+    otherwise, Forbidden (403) while another worker holds it, NotFound if absent.
+
+    A run whose lease lapsed and was requeued is taken back by the worker that held it, on
+    the same attempt, as long as no other worker has claimed it since: the holder trained
+    on while the API (or its own network) was away. Its lease then runs `renew_seconds`."""
     query = select(Run).where(Run.id == run_id)
     if db.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update()  # serialise with requeue and other reports
+        query = query.with_for_update()  # serialise with requeue, claims and other reports
     run = db.scalar(query.execution_options(populate_existing=True))
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     if run.status == "running" and run.worker_id is not None and run.worker_id != worker_id:
         raise Forbidden(f"run {run_id} is held by another worker")
+    if attempt is not None and attempt != run.attempt:
+        raise NotHeld(
+            f"attempt {attempt} of run {run_id} is over: the run is on attempt {run.attempt} "
+            f"(status {run.status})"
+        )
+    if run.status == "queued" and run.lapsed_holder_id == worker_id:
+        now = utcnow()
+        run.status, run.worker_id, run.lapsed_holder_id = "running", worker_id, None
+        run.lease_expires_at = now + timedelta(seconds=renew_seconds)
+        run.heartbeat_at = now
+        metrics.LEASES_RETAKEN.inc()
+        db.flush()
     if run.status != "running" or run.worker_id != worker_id:
         raise NotHeld(f"worker {worker_id} does not hold run {run_id} (status {run.status})")
     return run
@@ -237,9 +270,10 @@ def heartbeat(
     run_id: int,
     worker_id: int,
     progress: dict[str, Any] | None,
+    attempt: int | None = None,
 ) -> Run:
     """Extend the lease and record progress."""
-    run = held_run(db, run_id, worker_id)
+    run = held_run(db, run_id, worker_id, attempt=attempt)
     now = utcnow()
     run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
     run.heartbeat_at = now
@@ -252,9 +286,11 @@ def heartbeat(
     return run
 
 
-def release(*, db: Session, run_id: int, worker_id: int, reason: str) -> Run:
+def release(
+    *, db: Session, run_id: int, worker_id: int, reason: str, attempt: int | None = None
+) -> Run:
     """Give the run back to the queue (a worker shutting down); not counted as a failure."""
-    run = held_run(db, run_id, worker_id)
+    run = held_run(db, run_id, worker_id, attempt=attempt)
     run.status = "queued"
     run.worker_id = None
     run.lease_expires_at = None
@@ -311,6 +347,7 @@ def complete(
     max_checkpoint_bytes: int | None = None,
     max_sortable_metrics: int = 64,
     keep_step_checkpoints: bool = False,
+    attempt: int | None = None,
 ) -> Run:
     """Record a job's result document; a rerun gets its verdict.
 
@@ -323,7 +360,7 @@ def complete(
     found = reported_run(db, run_id, worker_id, result)
     if found is not None:
         return found
-    run = held_run(db, run_id, worker_id)
+    run = held_run(db, run_id, worker_id, attempt=attempt)
     check = verification or Verification("not_checked", result.final_fingerprint)
     check = still_the_checkpoint(db, run_id, check)
     allowed = allowed_images or []
@@ -386,9 +423,16 @@ def _record_summary_and_trace(db: Session, run: Run, result: JobResult) -> None:
     db.flush()
 
 
-def fail(*, db: Session, run_id: int, worker_id: int, error: dict[str, Any]) -> Run:
+def fail(
+    *,
+    db: Session,
+    run_id: int,
+    worker_id: int,
+    error: dict[str, Any],
+    attempt: int | None = None,
+) -> Run:
     """Mark the run failed with the worker's error."""
-    run = held_run(db, run_id, worker_id)
+    run = held_run(db, run_id, worker_id, attempt=attempt)
     run.status = "failed"
     run.finished_at = utcnow()
     run.lease_expires_at = None

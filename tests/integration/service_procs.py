@@ -33,9 +33,10 @@ class Service:
         database_url: str | None = None,
         env: dict[str, str] | None = None,
         extra: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> None:
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port or free_port()  # a restarted server takes its predecessor's port
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_token = ""
         args = ["serve", "--port", str(self.port), "--data-dir", str(data_dir), *extra]

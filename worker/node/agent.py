@@ -64,7 +64,6 @@ class Agent:
         # Logical CPU devices a job may split the CPU into when the node has no GPU.
         self.cpu_replicas = cpu_replicas or default_cpu_replicas()
         self.worker_id: Id | None = None
-        self.lease_seconds = 60.0
         self.heartbeat_seconds = 10.0
         self._stop = threading.Event()
         # Reentrant: request_stop may run in a signal handler that interrupted a holder.
@@ -189,7 +188,6 @@ class Agent:
                 delay = min(delay * 2, MAX_BACKOFF)
                 continue
             self.worker_id = info["id"]
-            self.lease_seconds = float(info["lease_seconds"])
             self.heartbeat_seconds = float(info["heartbeat_seconds"])
             self.courier.heartbeat_seconds = self.heartbeat_seconds
             log.info(
@@ -279,7 +277,6 @@ class Agent:
             stop=self._stop,
             watch=self._watch,
             outbox=self.courier.outbox,
-            lease_seconds=self.lease_seconds,
             heartbeat_seconds=self.heartbeat_seconds,
         )
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -234,10 +235,16 @@ class ApiClient(Transport):
         return None if response.status_code == 204 else as_dict(response)
 
     def heartbeat(
-        self, run_id: Id, worker_id: Id, progress: dict[str, Any] | None
+        self,
+        run_id: Id,
+        worker_id: Id,
+        progress: dict[str, Any] | None,
+        *,
+        attempt: int | None = None,
     ) -> dict[str, Any]:
-        """Extend the lease and report progress; LeaseLost when the worker no longer holds it."""
-        body = {"worker_id": worker_id, "progress": progress}
+        """Extend the lease and report progress; LeaseLost when the worker no longer holds it
+        (or no longer on `attempt`, the claim's: that attempt is over)."""
+        body = {**_holder(worker_id, attempt), "progress": progress}
         # Repeating a heartbeat changes nothing more than sending it once.
         response = self._call(
             "POST", f"{API}/runs/{run_id}/heartbeat", idempotent=True, lease=True, json=body
@@ -253,6 +260,7 @@ class ApiClient(Transport):
         kind: str,
         name: str,
         epoch: int | None,
+        attempt: int | None = None,
     ) -> dict[str, Any]:
         """Stream a file to the run's artifacts; returns {"id", "sha256", "size"}.
 
@@ -260,23 +268,28 @@ class ApiClient(Transport):
         here only if it is a regular file and not a link; either way every byte sent and
         hashed comes from one descriptor, so nothing swapped in by name is sent.
         """
+        upload = functools.partial(
+            self._upload, run_id, worker_id, kind=kind, name=name, epoch=epoch, attempt=attempt
+        )
         if isinstance(source, OpenedFile):
-            return self._upload(run_id, worker_id, source, kind=kind, name=name, epoch=epoch)
+            return upload(source)
         with open_regular(source) as opened:
-            return self._upload(run_id, worker_id, opened, kind=kind, name=name, epoch=epoch)
+            return upload(opened)
 
     def _upload(
         self,
         run_id: Id,
         worker_id: Id,
         source: OpenedFile,
+        /,
         *,
         kind: str,
         name: str,
         epoch: int | None,
+        attempt: int | None,
     ) -> dict[str, Any]:
         digest = source.sha256()
-        params: dict[str, Id] = {"worker_id": worker_id, "kind": kind, "name": name}
+        params: dict[str, Id] = {**_holder(worker_id, attempt), "kind": kind, "name": name}
         if epoch is not None:
             params["epoch"] = epoch
         headers = {
@@ -314,17 +327,28 @@ class ApiClient(Transport):
         """Download a model definition to `dest`, which appears only once its digest matches."""
         return self._download_stored("models", digest, dest)
 
-    def complete(self, run_id: Id, worker_id: Id, result: dict[str, Any]) -> dict[str, Any]:
+    def complete(
+        self, run_id: Id, worker_id: Id, result: dict[str, Any], *, attempt: int | None = None
+    ) -> dict[str, Any]:
         """Report the job's result document; the server marks the run by result["status"]."""
-        body = {"worker_id": worker_id, "result": result}
+        body = {**_holder(worker_id, attempt), "result": result}
         return as_dict(self._call("POST", f"{API}/runs/{run_id}/complete", lease=True, json=body))
 
-    def fail(self, run_id: Id, worker_id: Id, error: dict[str, Any]) -> dict[str, Any]:
+    def fail(
+        self, run_id: Id, worker_id: Id, error: dict[str, Any], *, attempt: int | None = None
+    ) -> dict[str, Any]:
         """Report a job that left no result document; error is {"type", "message", "traceback"}."""
-        body = {"worker_id": worker_id, "error": error}
+        body = {**_holder(worker_id, attempt), "error": error}
         return as_dict(self._call("POST", f"{API}/runs/{run_id}/fail", lease=True, json=body))
 
-    def release(self, run_id: Id, worker_id: Id, reason: str) -> dict[str, Any]:
+    def release(
+        self, run_id: Id, worker_id: Id, reason: str, *, attempt: int | None = None
+    ) -> dict[str, Any]:
         """Give the run back to the queue without counting a failure."""
-        body = {"worker_id": worker_id, "reason": reason}
+        body = {**_holder(worker_id, attempt), "reason": reason}
         return as_dict(self._call("POST", f"{API}/runs/{run_id}/release", lease=True, json=body))
+
+
+def _holder(worker_id: Id, attempt: int | None) -> dict[str, Id]:
+    """Who reports about a run: the worker, and the attempt when it knows it."""
+    return {"worker_id": worker_id} | ({} if attempt is None else {"attempt": attempt})

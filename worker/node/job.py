@@ -3,6 +3,12 @@
 The agent's own thread reads the job's stderr; beside it a heartbeat thread keeps the lease
 and an upload thread sends checkpoints in the order the job wrote them, so a slow upload
 never stalls training on a full stderr pipe. The final report goes through the outbox.
+
+An API that does not answer never stops the job: heartbeats and uploads are tried again
+with backoff, and the next one to get through renews the lease (or takes the run back, if
+the server requeued it and nobody else has claimed it since). Checkpoints not taken by the
+time the job ends wait in the outbox with the report. Only a definite answer that the run
+is no longer this worker's (409, 403, a cancelled run) gives the job up.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from worker.node.job_files import (
     describe_exit,
     job_file_bounds,
 )
-from worker.node.job_workspace import JobWorkspace, UnsafeJobFile
+from worker.node.job_workspace import FileTooLarge, JobWorkspace, UnsafeJobFile
 from worker.node.liveness import mark_alive
 from worker.node.reports import Outbox, Report, ReportKind
 from worker.node.run_inputs import InputUnavailable, fetch_inputs
@@ -41,6 +47,7 @@ from worker.training.progress import parse_line
 log = logging.getLogger("reprotrain.agent")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 PROGRESS_SECONDS = 1.0  # at most one progress update a second
+RETRY_SECONDS = 30.0  # the longest wait between tries while the API does not answer
 MODEL_FILE = "model.keras"  # the final model a succeeded job exports, uploaded as kind "model"
 
 
@@ -88,7 +95,6 @@ class ClaimedRun:
         stop: threading.Event,
         watch: JobWatcher,
         outbox: Outbox,
-        lease_seconds: float,
         heartbeat_seconds: float,
     ) -> None:
         self.claim = claim
@@ -99,23 +105,26 @@ class ClaimedRun:
         self.stop = stop
         self.watch = watch
         self.outbox = outbox
-        # The newest checkpoint, while the API has not taken it: the result needs it.
-        self._unsent: Upload | None = None
+        # Checkpoints the API had not taken when the job ended: they go with the report.
+        self._waiting: list[Upload] = []
         # Why a file the job wrote was refused (a link, not a regular file): the run fails.
         self._refused: str | None = None
         self._bounds = job_file_bounds(claim.get("limits") or {})
-        self.lease_seconds = float((claim.get("lease") or {}).get("seconds", lease_seconds))
         self.heartbeat_seconds = heartbeat_seconds
+        # While the API does not answer, heartbeats and uploads are tried at least this often.
+        self._retry_cap = min(max(heartbeat_seconds, PROGRESS_SECONDS), RETRY_SECONDS)
         self.run_id: Id = claim["run"]["id"]
+        # Every report about the run names the attempt: one that is over is refused.
+        self.attempt = int(claim["run"].get("attempt", 1))
 
     def report(self, kind: ReportKind, **body: Any) -> Report:
         """A final report about this run from this worker."""
-        return Report(kind=kind, run_id=self.run_id, worker_id=self.worker_id, body=body)
+        return Report(kind, self.run_id, self.worker_id, body, attempt=self.attempt)
 
     def execute(self) -> Report | None:
         """Run the job; the report to deliver, or None if the run was given up (lease lost)."""
         run = self.claim["run"]
-        attempt = int(run.get("attempt", 1))
+        attempt = self.attempt
         if not _SAFE_ID.match(str(self.run_id)):  # it becomes a directory name
             raise ValueError(f"unexpected run id {self.run_id!r}")
         attempt_dir = self.work_dir / "runs" / str(self.run_id) / f"attempt-{attempt}"
@@ -254,10 +263,20 @@ class ClaimedRun:
         self, job: Job, workspace: JobWorkspace, uploads: queue.Queue[Upload | None]
     ) -> None:
         while (item := uploads.get()) is not None:
-            epoch, *paths = item
-            what = f"checkpoint {paths[-1].stem}"
             if job.abandoned.is_set() or self._refused is not None:
                 continue
+            if self._waiting:  # the API was away when the job ended: the rest waits as well
+                self._waiting.append(item)
+                continue
+            self._upload(job, workspace, item)
+
+    def _upload(self, job: Job, workspace: JobWorkspace, item: Upload) -> None:
+        """Upload one checkpoint, trying again while the API does not answer and the job
+        runs; once the job has ended it waits for the report instead."""
+        epoch, *paths = item
+        what = f"checkpoint {paths[-1].stem}"
+        delay = PROGRESS_SECONDS
+        while True:
             try:
                 for path in paths:  # npz first: the API counts a checkpoint once its json is in
                     with workspace.open_file(path, max_bytes=self._bounds.artifact) as opened:
@@ -268,34 +287,59 @@ class ClaimedRun:
                             kind="checkpoint",
                             name=path.name,
                             epoch=epoch,
+                            attempt=self.attempt,
                         )
                 log.debug("run %s: %s uploaded", job.run_id, what)
-                if epoch is not None:
-                    self._unsent = None
+                return
             except UnsafeJobFile as exc:
                 self._refuse(job, f"{what} not uploaded: {exc}")
+                return
             except LeaseLost as exc:
                 job.abandon(f"lease lost while uploading ({exc.detail})")
-            except (ApiError, OSError) as exc:  # a later resume starts from an older checkpoint
-                log.warning("run %s: %s not uploaded: %s", job.run_id, what, exc)
-                # Only an epoch-end checkpoint can be the final one the result needs.
-                if isinstance(exc, ApiError) and exc.retryable and epoch is not None:
-                    self._unsent = item
+                return
+            except (ApiError, OSError) as exc:
+                if not (isinstance(exc, ApiError) and exc.retryable) or job.abandoned.is_set():
+                    # Refused for good: a later resume starts from an older checkpoint.
+                    log.warning("run %s: %s not uploaded: %s", job.run_id, what, exc)
+                    return
+                if job.ended.is_set():
+                    log.warning(
+                        "run %s: %s not uploaded (%s); it waits in the outbox with the report",
+                        job.run_id,
+                        what,
+                        exc,
+                    )
+                    self._waiting.append(item)
+                    return
+                # Said once per checkpoint; the heartbeats say when the API answers again.
+                (log.warning if delay == PROGRESS_SECONDS else log.debug)(
+                    "run %s: %s not uploaded (%s); trying again in %.0f s",
+                    job.run_id,
+                    what,
+                    exc,
+                    delay,
+                )
+                job.ended.wait(delay)  # at once when the job ends: then it goes to the outbox
+                delay = min(delay * 2, self._retry_cap)
 
     def _heartbeat_loop(self, job: Job) -> None:
         # Heartbeats keep the lease every `heartbeat_seconds`; new progress goes out sooner
-        # (at most once a second) so progress bars and event streams stay live.
-        deadline = time.monotonic() + self.lease_seconds
+        # (at most once a second) so progress bars and event streams stay live. While the
+        # API does not answer, the job trains on and heartbeats are tried with backoff.
         due = time.monotonic() + self.heartbeat_seconds
         sent_progress: dict[str, Any] | None = None
+        away_since: float | None = None  # when the API stopped answering
+        retry_at = 0.0
         while not job.reported.wait(PROGRESS_SECONDS) and not job.abandoned.is_set():
             mark_alive(self.work_dir)  # a long job is progress too (the liveness probe)
+            now = time.monotonic()
             progress = job.progress
-            if time.monotonic() < due and progress is sent_progress:
+            if away_since is not None and now < retry_at:
                 continue
-            sent = time.monotonic()
+            if away_since is None and now < due and progress is sent_progress:
+                continue
             try:
-                self.client.heartbeat(job.run_id, self.worker_id, progress)
+                self.client.heartbeat(job.run_id, self.worker_id, progress, attempt=self.attempt)
             except LeaseLost as exc:
                 job.abandon(f"lease lost ({exc.detail})")
                 return
@@ -303,21 +347,28 @@ class ClaimedRun:
                 if not exc.retryable:
                     job.abandon(f"heartbeat refused: {exc}")
                     return
-                # Once the job has ended its result is worth keeping whatever the lease:
-                # the server says whether it still takes it.
-                if time.monotonic() >= deadline and not job.ended.is_set():
-                    job.abandon(f"lease expired while the API was unreachable ({exc})")
-                    return
-                log.warning("run %s: heartbeat failed (%s); retrying", job.run_id, exc)
+                if away_since is None:
+                    away_since = now
+                    log.warning(
+                        "run %s: the API does not answer (%s); training goes on and the "
+                        "lease is renewed when it answers again",
+                        job.run_id,
+                        exc,
+                    )
+                # Sooner at first (a restart is short), then once a heartbeat period.
+                retry_at = now + min(max(now - away_since, PROGRESS_SECONDS), self._retry_cap)
                 continue
             except Exception:  # never let a bug end the heartbeats silently
                 log.exception("run %s: heartbeat thread error", job.run_id)
                 continue
-            deadline, due, sent_progress = (
-                sent + self.lease_seconds,
-                sent + self.heartbeat_seconds,
-                progress,
-            )
+            if away_since is not None:
+                log.info(
+                    "run %s: the API answers again after %.0f s; the run is still held",
+                    job.run_id,
+                    now - away_since,
+                )
+                away_since = None
+            due, sent_progress = now + self.heartbeat_seconds, progress
 
     def _refuse(self, job: Job, why: str) -> None:
         """Fail the run for a file its job wrote that the agent will not read; stop the job."""
@@ -346,6 +397,8 @@ class ClaimedRun:
             # nothing but the job wrote this file, and nothing changes it while it is read.
             raw = workspace.read_bytes(request.result_path, max_bytes=self._bounds.result)
             result = JobResult.model_validate(json.loads(raw))
+        except FileTooLarge as exc:  # more than the API takes: kept, and the run says why
+            return self._result_too_large(workspace, request, exc)
         except (OSError, ValueError) as exc:
             if self.stop.is_set():  # we stopped it before it could write a result
                 return self.report("release", reason="worker shutting down")
@@ -363,17 +416,37 @@ class ClaimedRun:
                 },
             )
         log.info("run %s %s after %.1f s", self.run_id, result.status, seconds)
-        if result.status == "interrupted":
-            reason = "worker shutting down" if self.stop.is_set() else "job interrupted"
-            return self.report("release", reason=reason)
         try:
-            uploads = self._keep_unsent(workspace)
+            uploads = self._keep_waiting(workspace)
+            if result.status == "interrupted":  # its checkpoints are where the next resumes
+                reason = "worker shutting down" if self.stop.is_set() else "job interrupted"
+                return self.report("release", reason=reason, uploads=uploads)
             if result.status == "succeeded":
                 uploads += self._keep_model(request, workspace)
         except UnsafeJobFile as exc:
             self._refuse(job, str(exc))
             return self.report("fail", error={"type": "UnsafeJobFile", "message": str(exc)})
         return self.report("complete", result=result.model_dump(mode="json"), uploads=uploads)
+
+    def _result_too_large(
+        self, workspace: JobWorkspace, request: JobRequest, exc: FileTooLarge
+    ) -> Report:
+        """The failure report for a result document past the API's bound; the document is
+        moved, unread, to the outbox's `refused/` directory."""
+        refused = self.outbox.directory / "refused"
+        refused.mkdir(mode=0o700, parents=True, exist_ok=True)
+        moved = workspace.move_out(request.result_path, refused)
+        kept = refused / f"run-{self.run_id}.result.json"
+        if moved is not None:
+            moved.rename(kept)
+        log.error("run %s: result of %d bytes kept in %s", self.run_id, exc.size, kept)
+        message = (
+            f"the job's result document is too large for the API: {exc.size} bytes, more "
+            f"than the {exc.max_bytes} it takes (REPRO_MAX_RESULT_BYTES); the worker kept "
+            f"it in {kept}"
+        )
+        error = {"type": "ResultTooLarge", "message": message, "result_bytes": exc.size}
+        return self.report("fail", error=error)
 
     def _keep_model(self, request: JobRequest, workspace: JobWorkspace) -> list[dict[str, Any]]:
         """Move the exported model to the outbox, to upload (kind "model") before the result."""
@@ -386,18 +459,20 @@ class ClaimedRun:
             return []
         return [{"file": model.name, "kind": "model"}]
 
-    def _keep_unsent(self, workspace: JobWorkspace) -> list[dict[str, Any]]:
-        """Move the final checkpoint the API has not taken to the outbox, to send later."""
-        if self._unsent is None:
+    def _keep_waiting(self, workspace: JobWorkspace) -> list[dict[str, Any]]:
+        """Move the checkpoints the API has not taken to the outbox, to upload before the
+        report (in the order the job wrote them)."""
+        if not self._waiting:
             return []
-        epoch, *paths = self._unsent
-        assert epoch is not None  # step checkpoints are never kept for the result
         keep = self.outbox.files_dir(self.run_id)
         keep.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for path in paths:  # same file system: a rename, not a copy
-            if workspace.move_out(path, keep) is None:
-                raise FileNotFoundError(f"checkpoint file {path.name} is gone")
+        kept: list[dict[str, Any]] = []
+        for epoch, *paths in self._waiting:
+            for path in paths:  # same file system: a rename, not a copy
+                if workspace.move_out(path, keep) is None:
+                    raise FileNotFoundError(f"checkpoint file {path.name} is gone")
+                kept.append({"file": path.name, "epoch": epoch})
         log.info(
-            "run %s: checkpoint of epoch %d kept to upload with the result", self.run_id, epoch
+            "run %s: %d checkpoint(s) kept to upload with the report", self.run_id, len(kept) // 2
         )
-        return [{"file": path.name, "epoch": epoch} for path in paths]
+        return kept

@@ -35,6 +35,14 @@ class UnsafeJobFile(ValueError):
     outside the workspace, or larger than the bound."""
 
 
+class FileTooLarge(UnsafeJobFile):
+    """A regular file larger than the bound the agent reads it by."""
+
+    def __init__(self, what: str, size: int, max_bytes: int) -> None:
+        super().__init__(f"{what} holds {size} bytes, more than the {max_bytes} allowed")
+        self.size, self.max_bytes = size, max_bytes
+
+
 class OpenedFile:
     """A regular file, open; its size is the size it had when opened, and every read goes
     through this descriptor (from the start each time, so a retried upload resends it)."""
@@ -106,9 +114,7 @@ def _regular(fd: int, what: str, max_bytes: int | None) -> OpenedFile:
         if not stat.S_ISREG(info.st_mode):
             raise UnsafeJobFile(f"{what} is not a regular file; the agent does not read it")
         if max_bytes is not None and info.st_size > max_bytes:
-            raise UnsafeJobFile(
-                f"{what} holds {info.st_size} bytes, more than the {max_bytes} allowed"
-            )
+            raise FileTooLarge(what, info.st_size, max_bytes)
     except BaseException:
         os.close(fd)
         raise

@@ -55,15 +55,19 @@ class Report:
     # the files ({"file", "epoch"} or {"file", "kind"}) in the outbox's files directory to
     # upload before it.
     body: dict[str, Any]
+    # The claim's attempt: the API refuses the report once that attempt is over (None in
+    # reports an older agent stored).
+    attempt: int | None = None
 
     def send(self, client: ApiClient) -> None:
         """Send it once; ApiError as the API answers."""
+        run, worker, attempt = self.run_id, self.worker_id, self.attempt
         if self.kind == "complete":
-            client.complete(self.run_id, self.worker_id, self.body["result"])
+            client.complete(run, worker, self.body["result"], attempt=attempt)
         elif self.kind == "fail":
-            client.fail(self.run_id, self.worker_id, self.body["error"])
+            client.fail(run, worker, self.body["error"], attempt=attempt)
         else:
-            client.release(self.run_id, self.worker_id, str(self.body["reason"]))
+            client.release(run, worker, str(self.body["reason"]), attempt=attempt)
 
 
 class Outbox:
@@ -136,6 +140,7 @@ class Outbox:
                     run_id=data["run_id"],
                     worker_id=data["worker_id"],
                     body=dict(data["body"]),
+                    attempt=data.get("attempt"),
                 )
                 if report.kind not in ("complete", "fail", "release"):
                     raise ValueError(f"unknown report kind {report.kind!r}")
@@ -244,6 +249,7 @@ class Courier:
                     kind=str(item.get("kind", "checkpoint")),  # or "model": the final .keras
                     name=path.name,
                     epoch=None if epoch is None else int(epoch),
+                    attempt=report.attempt,
                 )
             except (OSError, UnsafeJobFile) as exc:  # gone, or not a regular file any more:
                 # the API records the run without it
@@ -274,7 +280,7 @@ class Courier:
                 f"as too large ({exc.detail}); the worker kept it in {kept}"
             )
             error = {"type": "ResultTooLarge", "message": message, "result_bytes": size}
-            return Report("fail", report.run_id, report.worker_id, {"error": error})
+            return replace(report, kind="fail", body={"error": error})
         error = dict(report.body.get("error") or {})
         traceback = str(error.get("traceback") or "")
         if report.kind != "fail" or len(traceback) <= _TRACEBACK_KEPT:
@@ -282,7 +288,7 @@ class Courier:
         cut = "[cut: the API refused it as too large]\n"
         error["traceback"] = cut + traceback[-_TRACEBACK_KEPT:]
         error["message"] = str(error.get("message", ""))[:_TRACEBACK_KEPT]
-        return Report("fail", report.run_id, report.worker_id, {"error": error})
+        return replace(report, kind="fail", body={"error": error})
 
     def _refused(self, report: Report, exc: ApiError) -> None:
         why = "the lease is gone" if isinstance(exc, LeaseLost) else "refused for good"
@@ -304,7 +310,9 @@ class Courier:
             if time.monotonic() >= beat:
                 beat = time.monotonic() + self.heartbeat_seconds
                 try:
-                    self.client.heartbeat(report.run_id, report.worker_id, None)
+                    self.client.heartbeat(
+                        report.run_id, report.worker_id, None, attempt=report.attempt
+                    )
                 except LeaseLost:
                     break  # the report itself now gets the definitive answer
                 except ApiError as exc:  # 429/5xx: the server keeps the lease a while anyway

@@ -149,7 +149,8 @@ def _claim_once(
 ) -> ClaimOut | None:
     with request.app.state.sessionmaker() as db:
         queue.check_worker(db, worker_id, principal)
-        run = queue.claim(db=db, settings=settings, worker_id=worker_id)
+        requeue = time.monotonic() >= request.app.state.requeue_from
+        run = queue.claim(db=db, settings=settings, worker_id=worker_id, requeue=requeue)
         return None if run is None else _claim_out(db, run, settings)
 
 
@@ -248,7 +249,12 @@ def heartbeat(
     """Extend the lease of a held run and record its progress (409 if not held)."""
     queue.check_worker(db, body.worker_id, principal)
     run = queue.heartbeat(
-        db=db, settings=settings, run_id=run_id, worker_id=body.worker_id, progress=body.progress
+        db=db,
+        settings=settings,
+        run_id=run_id,
+        worker_id=body.worker_id,
+        progress=body.progress,
+        attempt=body.attempt,
     )
     assert run.lease_expires_at is not None
     return HeartbeatOut(lease_expires_at=run.lease_expires_at)
@@ -269,7 +275,7 @@ def complete(
     done = queue.reported_run(db, run_id, body.worker_id, body.result)
     if done is not None:
         return run_out(db, done)
-    queue.held_run(db, run_id, body.worker_id)
+    queue.held_run(db, run_id, body.worker_id, attempt=body.attempt)
     db.commit()  # the run's row is not locked while its checkpoint is hashed
     check = verification.verify_result(
         db=db, run_id=run_id, result=body.result, max_checkpoint_bytes=settings.max_checkpoint_bytes
@@ -285,6 +291,7 @@ def complete(
         max_checkpoint_bytes=settings.max_checkpoint_bytes,
         max_sortable_metrics=settings.max_sortable_metrics,
         keep_step_checkpoints=settings.keep_checkpoints != "final",
+        attempt=body.attempt,
     )
     spot_checks.after_finish(db, run, settings)
     if check.outcome == "refused":
@@ -298,7 +305,13 @@ def fail(
 ) -> RunOut:
     """Report that a held run failed outside training (e.g. the job process crashed)."""
     queue.check_worker(db, body.worker_id, principal)
-    run = queue.fail(db=db, run_id=run_id, worker_id=body.worker_id, error=body.error.model_dump())
+    run = queue.fail(
+        db=db,
+        run_id=run_id,
+        worker_id=body.worker_id,
+        error=body.error.model_dump(),
+        attempt=body.attempt,
+    )
     spot_checks.after_finish(db, run, settings)
     return run_out(db, run)
 
@@ -307,9 +320,10 @@ def fail(
 def release(run_id: IdPath, body: ReleaseIn, db: SessionDep, principal: WorkAccess) -> RunOut:
     """Give a held run back to the queue (worker shutting down)."""
     queue.check_worker(db, body.worker_id, principal)
-    return run_out(
-        db, queue.release(db=db, run_id=run_id, worker_id=body.worker_id, reason=body.reason)
+    released = queue.release(
+        db=db, run_id=run_id, worker_id=body.worker_id, reason=body.reason, attempt=body.attempt
     )
+    return run_out(db, released)
 
 
 @router.post(
@@ -338,11 +352,15 @@ async def upload_artifact(
     name: Annotated[str, Query(pattern=artifacts.SAFE_NAME)],
     x_content_sha256: Annotated[str, Header(pattern=artifacts.SHA256_HEX)],
     epoch: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
 ) -> ArtifactOut:
     """Upload a file for a held run; stored only if its SHA-256 matches the header."""
     digest = artifacts.check_upload(name, x_content_sha256, kind=kind)
     queue.check_worker(db, worker_id, principal)
-    run = queue.held_run(db, run_id, worker_id)
+    held = functools.partial(
+        queue.held_run, db, run_id, worker_id, attempt=attempt, renew_seconds=settings.lease_seconds
+    )
+    run = held()
     bounds = artifacts.upload_bounds(run, settings)  # 413 before reading past the run's bounds
     room, what = artifacts.upload_room(
         db, run=run, kind=kind, name=name, epoch=epoch, bounds=bounds
@@ -358,7 +376,7 @@ async def upload_artifact(
         what=what,
     )
     try:
-        run = queue.held_run(db, run_id, worker_id)
+        run = held()
         art = artifacts.record(
             db=db,
             run=run,
