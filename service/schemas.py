@@ -68,6 +68,8 @@ class RunOut(BaseModel):
     family_id: int | None
     status: str
     attempt: int
+    # Claims take higher priorities first (0 unless an admin set one).
+    priority: int = 0
     worker_id: int | None
     required_image: str | None
     created_at: UtcDatetime

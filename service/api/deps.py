@@ -15,6 +15,7 @@ from service.auth.token_cache import TokenCache
 from service.auth.tokens import Permission, Principal
 from service.config import Settings
 from service.errors import Unauthorized
+from service.runs.fair_share import MAX_PRIORITY
 from service.schemas import MAX_ID
 
 
@@ -43,6 +44,15 @@ ReadSessionDep = Annotated[Session, Depends(get_read_db)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 # Ids and offsets within what the database stores (422 beyond, never a crash).
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+# A run's place in the queue: claims take higher priorities first; only an admin sets one.
+PriorityQuery = Annotated[
+    int,
+    Query(
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="claims take runs of higher priority first (default 0; admin tokens only)",
+    ),
+]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 

@@ -29,6 +29,15 @@ if TYPE_CHECKING:  # imported where used: `repro --help` should not wait for an 
     from reprotrain import Client, Run
 
 WaitFlag = Annotated[bool, typer.Option("--wait", help="wait until the run finishes")]
+PriorityOption = Annotated[
+    int,
+    typer.Option(
+        min=-1000,
+        max=1000,
+        help="claims take higher priorities first, before fairness across submitters "
+        "(admin tokens only)",
+    ),
+]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
 _PAGE = 500  # runs per request when listing (the server's largest page)
 
@@ -127,6 +136,7 @@ def submit(
             min=1, max=16, help="run N copies at once on different workers and check they agree"
         ),
     ] = 1,
+    priority: PriorityOption = 0,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
@@ -140,7 +150,7 @@ def submit(
     try:
         # Read here, so a malformed file is named; each submit carries an idempotency key,
         # so a retried one (lost answer) creates no second experiment.
-        run = client.submit(spec, copies=copies if copies > 1 else None)
+        run = client.submit(spec, copies=copies if copies > 1 else None, priority=priority)
     except SpecFileError as exc:
         err.print("[red]invalid:[/red] ", end="")
         err.print(str(exc), markup=False, highlight=False)
@@ -174,6 +184,7 @@ def submit(
 def rerun(
     run_id: int,
     wait: WaitFlag = False,
+    priority: PriorityOption = 0,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
@@ -185,7 +196,7 @@ def rerun(
 
     client = repro_client(api, token, token_file)
     try:
-        new = client.rerun(run_id)
+        new = client.rerun(run_id, priority=priority)
     except ApiError as exc:
         raise api_error_exit(exc) from None
     line = f"run {new.id} queued (rerun of {run_id})"

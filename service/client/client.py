@@ -163,16 +163,20 @@ class Client:
         *,
         copies: int | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> Run:
         """Submit a spec (a YAML or JSON file's path, or a mapping) and return its first run.
 
-        With `copies` > 1 the copies run at once on different workers (see `audit`).
+        With `copies` > 1 the copies run at once on different workers (see `audit`). A
+        `priority` above 0 goes before other submitters' runs (admin tokens only).
         """
         body, content_type = submission_body(spec)
         # A retried submit (the answer was lost) must not create a second experiment.
         key = idempotency_key or uuid.uuid4().hex
         headers = {"Content-Type": content_type, "Idempotency-Key": key}
-        params = {"copies": copies} if copies is not None and copies > 1 else None
+        params = {"copies": copies} if copies is not None and copies > 1 else {}
+        if priority:
+            params["priority"] = priority
         answer = self._http.json(
             "POST", "/experiments", idempotent=True, content=body, headers=headers, params=params
         )
@@ -238,9 +242,11 @@ class Client:
             if cursor is None or not page.items:
                 return
 
-    def rerun(self, run_id: RunRef) -> Run:
-        """Queue a rerun of a run (same spec, same seed); returns the new run."""
-        return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/rerun"))
+    def rerun(self, run_id: RunRef, *, priority: int = 0) -> Run:
+        """Queue a rerun of a run (same spec, same seed); returns the new run. A `priority`
+        above 0 goes before other submitters' runs (admin tokens only)."""
+        params = {"priority": priority} if priority else None
+        return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/rerun", params=params))
 
     def cancel(self, run_id: RunRef) -> Run:
         """Cancel a queued or running run."""

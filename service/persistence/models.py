@@ -68,6 +68,9 @@ class ApiToken(Base):
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
+    # When a worker last claimed a run this token queued: claims go to the submitter served
+    # least recently (service.runs.queue.claim).
+    queue_turn_at: Mapped[datetime | None]
 
 
 class AuditEvent(Base):
@@ -176,6 +179,13 @@ class Run(Base):
     # A spot check's replay is never claimed by this worker identity, the trainer's (see
     # service.verification.replay_identity; a worker name in rows queued before identities).
     avoid_worker: Mapped[str | None] = mapped_column(String(200))
+    # The token that queued the run (None: queued by the server itself, or before tokens
+    # were recorded); claims are fair across submitters.
+    submitter_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", name="fk_runs_submitter_id")
+    )
+    # Claims take higher priorities first; only an admin sets one above 0.
+    priority: Mapped[int] = mapped_column(default=0, server_default="0")
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(

@@ -144,8 +144,10 @@ def create_experiment(
     actor: Principal | None = None,
     copies: int = 1,
     settings: Settings,
+    priority: int = 0,
 ) -> tuple[Experiment, Run, bool]:
-    """Store the spec with its resolved seed and queue its first run.
+    """Store the spec with its resolved seed and queue its first run (its claims come
+    before lower `priority`; the caller checks who may set one).
 
     With `copies` > 1 it queues that many runs at once as a reproducibility audit: one
     family whose copies go to different workers (the audit id is the first run's id).
@@ -173,7 +175,8 @@ def create_experiment(
         code_digest=spec.code,
         model_digest=spec.model.definition,
     )
-    run = _queued_run(experiment, spec)
+    queued = {"submitter_id": actor.token_id if actor is not None else None, "priority": priority}
+    run = _queued_run(experiment, spec, **queued)
     db.add_all([experiment, run])
     try:
         db.flush()
@@ -188,7 +191,9 @@ def create_experiment(
     if copies > 1:
         run.audit_id = run.id
         db.add_all(
-            _queued_run(experiment, spec, rerun_of_id=run.id, family_id=run.id, audit_id=run.id)
+            _queued_run(
+                experiment, spec, rerun_of_id=run.id, family_id=run.id, audit_id=run.id, **queued
+            )
             for _ in range(copies - 1)
         )
     audit(
@@ -212,14 +217,14 @@ def _require_stored_inputs(db: Session, spec: ExperimentSpec, settings: Settings
     model_definitions.require_usable(db, spec, settings)
 
 
-def _queued_run(experiment: Experiment, spec: ExperimentSpec, **family: int) -> Run:
+def _queued_run(experiment: Experiment, spec: ExperimentSpec, **columns: int | None) -> Run:
     return Run(
         experiment=experiment,
         status="queued",
         required_image=spec.environment.image,
         replicas=spec.distribution.replicas,
         needs_code=spec.code is not None,
-        **family,
+        **columns,
     )
 
 
@@ -240,9 +245,10 @@ def _by_idempotency_key(
     return experiment, experiment.runs[0]
 
 
-def body_hash(body: bytes, content_type: str, copies: int = 1) -> str:
+def body_hash(body: bytes, content_type: str, copies: int = 1, priority: int = 0) -> str:
     """Digest identifying a submission for idempotency checks."""
     head = content_type.encode() + (f"\0copies={copies}".encode() if copies > 1 else b"")
+    head += f"\0priority={priority}".encode() if priority else b""
     return hashlib.sha256(head + b"\0" + body).hexdigest()
 
 
@@ -262,7 +268,14 @@ def get_experiment(db: Session, experiment_id: int) -> Experiment:
     return experiment
 
 
-def rerun(*, db: Session, run_id: int, settings: Settings, actor: Principal | None = None) -> Run:
+def rerun(
+    *,
+    db: Session,
+    run_id: int,
+    settings: Settings,
+    actor: Principal | None = None,
+    priority: int = 0,
+) -> Run:
     """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
     original = get_run(db, run_id)
     if original.kind != "train":
@@ -291,6 +304,8 @@ def rerun(*, db: Session, run_id: int, settings: Settings, actor: Principal | No
         required_image=image,
         replicas=original.replicas,
         needs_code=code is not None,
+        submitter_id=actor.token_id if actor is not None else None,
+        priority=priority,
     )
     db.add(new)
     db.flush()

@@ -18,13 +18,14 @@ from service.config import Settings
 from service.errors import Forbidden, NotFound, NotHeld
 from service.persistence.models import (
     TERMINAL_STATUSES,
+    ApiToken,
     Artifact,
     Run,
     TracePointRow,
     Worker,
     utcnow,
 )
-from service.runs import final_metrics, resume_points
+from service.runs import fair_share, final_metrics, resume_points
 from service.runs import wakeups as bell
 from service.runs.experiments import reported_image
 from service.verification import replay_identity, verdicts
@@ -174,7 +175,8 @@ def workers_seen(db: Session, limit: int = 500) -> list[Worker]:
 
 
 def claim(*, db: Session, settings: Settings, worker_id: int, requeue: bool = True) -> Run | None:
-    """Atomically take the oldest queued run this worker can run, or None.
+    """Atomically take the queued run this worker can run that comes first (priority, then
+    the submitter served least recently, then the oldest: `fair_share`), or None.
 
     With `requeue`, runs whose lease lapsed go back to the queue first (an API process
     leaves them alone for a grace period after it starts: their workers renew first)."""
@@ -201,7 +203,9 @@ def claim(*, db: Session, settings: Settings, worker_id: int, requeue: bool = Tr
         else candidate.needs_code.is_(False),
         _spread(candidate, worker, now - timedelta(seconds=settings.lease_seconds)),
     )
-    candidates = select(candidate.id).where(runnable).order_by(candidate.id).limit(1)
+    submitter = aliased(ApiToken)
+    candidates = fair_share.ordered(select(candidate.id).where(runnable), candidate, submitter)
+    candidates = candidates.limit(1)
     if db.get_bind().dialect.name == "postgresql":
         candidates = candidates.with_for_update(of=candidate, skip_locked=True)
     run_id = db.execute(
@@ -219,6 +223,8 @@ def claim(*, db: Session, settings: Settings, worker_id: int, requeue: bool = Tr
         .returning(Run.id)
         .execution_options(synchronize_session=False)
     ).scalar()
+    if run_id is not None:
+        fair_share.take_turn(db, run_id, now)
     worker.last_seen_at = now
     db.commit()
     return db.get(Run, run_id, populate_existing=True) if run_id is not None else None

@@ -380,6 +380,7 @@ def create_refinement(
                 job_options=options,
                 replicas=original.replicas,
                 needs_code=original.needs_code,  # only a worker that accepts code re-runs it
+                submitter_id=original.submitter_id,
             )
         )
     db.add_all(refine_runs)

@@ -193,6 +193,7 @@ def _replay(run: Run, segment: Segment, check_id: int, avoid: str | None) -> Run
             "spot_check_id": check_id,
         },
         replicas=run.replicas,
+        submitter_id=run.submitter_id,  # the run's own submitter's share of the queue
         needs_code=run.needs_code,  # only a worker that accepts code replays it
     )
 

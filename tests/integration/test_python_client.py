@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -100,3 +101,24 @@ def test_submit_prints_the_apis_warnings_on_stderr(service: Service, tmp_path: P
     assert re.match(r"experiment \d+  run \d+", done.stdout)
     assert "warning:" in done.stderr and "eval_fraction" in done.stderr
     assert "warning" not in done.stdout
+
+
+def test_submit_and_rerun_take_a_priority_from_an_admin_only(
+    service: Service, tmp_path: Path
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**blobs_spec(), "name": "urgent"}))
+    admin = ("--api", service.url, "--token", service.admin_token)
+    submitted = repro("submit", str(spec), "--priority", "3", "--json", *admin)
+    assert submitted.returncode == 0, submitted.stderr
+    run = json.loads(submitted.stdout)["run"]
+    assert run["priority"] == 3
+    rerun = repro("rerun", str(run["id"]), "--priority", "2", "--json", *admin)
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(rerun.stdout)["priority"] == 2
+
+    submitter = ("--api", service.url, "--token", service.token("submitter"))
+    refused = repro("submit", str(spec), "--priority", "3", *submitter)
+    assert refused.returncode != 0 and "admin" in refused.stderr, refused.stderr
+    refused = repro("rerun", str(run["id"]), "--priority", "1", *submitter)
+    assert refused.returncode != 0 and "admin" in refused.stderr, refused.stderr

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from service.api.deps import (
     IdPath,
     Offset,
+    PriorityQuery,
     ReadAccess,
     ReadSessionDep,
     SessionDep,
@@ -22,6 +23,7 @@ from service.api.views import run_out
 from service.errors import BodyTooLarge, UnsupportedMediaType
 from service.persistence.models import Experiment
 from service.runs import experiments as svc
+from service.runs import fair_share
 from service.schemas import MAX_AUDIT_COPIES, ExperimentOut, Page, SubmitOut
 from worker.spec import held_out_warnings
 
@@ -80,6 +82,7 @@ def submit(
             description="run this many copies at once on different workers (an audit)",
         ),
     ] = 1,
+    priority: PriorityQuery = 0,
 ) -> SubmitOut:
     """Validate a spec (JSON or YAML), store it with its resolved seed, queue its first run.
 
@@ -94,10 +97,13 @@ def submit(
         db=db,
         spec=spec,
         idempotency_key=idempotency_key,
-        request_hash=svc.body_hash(body, content_type, copies) if idempotency_key else None,
+        request_hash=svc.body_hash(body, content_type, copies, priority)
+        if idempotency_key
+        else None,
         actor=principal,
         copies=copies,
         settings=settings,
+        priority=fair_share.check_priority(priority, principal),
     )
     if not created:
         response.status_code = 200

@@ -18,6 +18,7 @@ from service.api import reads, run_pages
 from service.api.deps import (
     IdPath,
     Offset,
+    PriorityQuery,
     ReadAccess,
     SessionDep,
     SettingsDep,
@@ -31,6 +32,7 @@ from service.config import Settings
 from service.errors import NotFound
 from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
 from service.runs import experiments as svc
+from service.runs import fair_share
 from service.runs.events import RunWatcher
 from service.schemas import MAX_ID, RunDetail, RunOut, RunPage, SpotCheckIn, SpotCheckOut
 from service.verification import spot_checks
@@ -125,9 +127,17 @@ async def get_run(
 @router.post(
     "/{run_id}/rerun", status_code=202, response_model=RunOut, responses=errors(404, 409, 422)
 )
-def rerun(run_id: IdPath, db: SessionDep, settings: SettingsDep, principal: SubmitAccess) -> RunOut:
+def rerun(
+    run_id: IdPath,
+    db: SessionDep,
+    settings: SettingsDep,
+    principal: SubmitAccess,
+    priority: PriorityQuery = 0,
+) -> RunOut:
     """Queue a rerun: same experiment, spec, seed, code bundle and (when known) image."""
-    return run_out(db, svc.rerun(db=db, run_id=run_id, actor=principal, settings=settings))
+    priority = fair_share.check_priority(priority, principal)
+    new = svc.rerun(db=db, run_id=run_id, actor=principal, settings=settings, priority=priority)
+    return run_out(db, new)
 
 
 @router.post(

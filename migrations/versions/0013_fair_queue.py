@@ -1,0 +1,40 @@
+"""fair claims across submitters, and priorities
+
+Revision ID: 0013
+Revises: 0012
+Create Date: 2026-12-04 15:00:00
+
+Claims go to the submitter served least recently (`api_tokens.queue_turn_at`, set when a
+worker claims one of the token's runs), within the highest `runs.priority` (0 unless an
+admin set it). `runs.submitter_id` is the token that queued the run; null for runs queued
+before this revision and runs the server queues itself, which count as one submitter that
+was never served.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0013"
+down_revision = "0012"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("submitter_id", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("priority", sa.Integer(), nullable=False, server_default="0"))
+        batch.create_foreign_key("fk_runs_submitter_id", "api_tokens", ["submitter_id"], ["id"])
+    with op.batch_alter_table("api_tokens") as batch:
+        batch.add_column(sa.Column("queue_turn_at", sa.DateTime(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("api_tokens") as batch:
+        batch.drop_column("queue_turn_at")
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_constraint("fk_runs_submitter_id", type_="foreignkey")
+        batch.drop_column("priority")
+        batch.drop_column("submitter_id")
