@@ -143,6 +143,12 @@ def _waiting(quick: bool) -> list[Row]:
     return waiting_load.measure(quick)
 
 
+def _fleet(quick: bool) -> list[Row]:
+    from benchmarks import fleet
+
+    return fleet.measure(quick)
+
+
 def _spotcheck(quick: bool) -> list[Row]:
     from benchmarks import spot_checks
 
@@ -174,6 +180,7 @@ SECTIONS = {
     "api": Section("5. API throughput and claims", _api),
     "scaling": Section("6. scaling with 1k, 10k, 100k runs", _scaling),
     "waiting": Section("500 event streams and 100 waiting claims held", _waiting),
+    "fleet": Section("heartbeats of a fleet: concurrent jobs per API process", _fleet),
     "compare": Section("the comparison report's server time", _compare),
     "dashboard": Section("the dashboard's pages at 1k, 10k, 100k runs", _dashboard),
     "executors": Section("container start-to-first-step: docker vs process executor", _executors),
@@ -193,6 +200,7 @@ ROW_ORDER = (
     "api",
     "scaling",
     "waiting",
+    "fleet",
     "compare",
     "dashboard",
     "executors",

@@ -21,7 +21,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     lease_seconds: float = Field(default=30.0, gt=0)
+    # A worker renews each lease every heartbeat period; a training's progress (epoch, step,
+    # loss) goes out with it, and between two renewals at most once a progress period. Each
+    # is one small request: a fleet of N training jobs sends about N / progress_seconds a
+    # second (benchmarks/fleet.py measures what one API process sustains).
     heartbeat_seconds: float = Field(default=10.0, gt=0)
+    progress_seconds: float = Field(default=5.0, gt=0)
     max_attempts: int = Field(default=5, ge=1)
     # For this long after an API process starts it requeues no run whose lease lapsed: the
     # workers that kept training while the API was away get time to renew. None: twice the

@@ -47,6 +47,8 @@ class RegisterOut(BaseModel):
     id: int
     lease_seconds: float
     heartbeat_seconds: float
+    # New progress goes out at most this often between two heartbeats.
+    progress_seconds: float = 5.0
     devices: int = 1  # the replicas this worker can be given: its GPUs, else its CPU devices
 
 

@@ -277,19 +277,45 @@ def heartbeat(
     worker_id: int,
     progress: dict[str, Any] | None,
     attempt: int | None = None,
-) -> Run:
-    """Extend the lease and record progress."""
-    run = held_run(db, run_id, worker_id, attempt=attempt)
+    principal: Principal | None = None,
+) -> datetime:
+    """Extend the lease and record progress; the new lease's end.
+
+    The common case is one conditional UPDATE of the run (held by this worker, of this
+    token, on this attempt) and, once a heartbeat period, one of the worker's last sighting:
+    no row is read first. Anything else (not held, another worker's, a lapsed lease to take
+    back) goes the careful way, for its precise answer."""
     now = utcnow()
-    run.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
-    run.heartbeat_at = now
-    worker = db.get(Worker, worker_id)
-    if worker is not None:
-        worker.last_seen_at = now  # a busy worker is alive too
+    expires = now + timedelta(seconds=settings.lease_seconds)
+    held = [Run.id == run_id, Run.status == "running", Run.worker_id == worker_id]
+    if attempt is not None:
+        held.append(Run.attempt == attempt)
+    if principal is not None:
+        held.append(exists().where(Worker.id == worker_id, Worker.token_id == principal.token_id))
+    values: dict[str, Any] = {"lease_expires_at": expires, "heartbeat_at": now}
     if progress is not None:
-        run.progress = progress
+        values["progress"] = progress
+    renewed = db.execute(
+        update(Run).where(*held).values(**values).execution_options(synchronize_session=False)
+    )
+    if not cast(CursorResult[Any], renewed).rowcount:
+        db.rollback()
+        if principal is not None:
+            check_worker(db, worker_id, principal)
+        run = held_run(db, run_id, worker_id, attempt=attempt)
+        run.lease_expires_at, run.heartbeat_at = expires, now
+        if progress is not None:
+            run.progress = progress
+    seen = now - timedelta(seconds=min(settings.heartbeat_seconds, settings.lease_seconds / 2))
+    db.execute(  # a busy worker is alive too
+        update(Worker)
+        .where(Worker.id == worker_id, Worker.last_seen_at < seen)
+        .values(last_seen_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    bell.note_written(db, run_id)
     db.commit()
-    return run
+    return expires
 
 
 def release(

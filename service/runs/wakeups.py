@@ -102,6 +102,11 @@ def note_queued(session: Session) -> None:
     session.info[_NOTED] = True
 
 
+def note_written(session: Session, run_id: int) -> None:
+    """Ring the runs bell for `run_id` after this session's commit (a bulk update)."""
+    session.info.setdefault(_WRITTEN, set()).add(run_id)
+
+
 def attach(maker: sessionmaker[Session], queued: Bell, runs: Bell) -> None:
     """Ring `queued` after each commit of `maker`'s sessions that left a run queued, and
     `runs` after each that wrote a run."""

@@ -11,6 +11,7 @@ the test's temporary directory), and the failure message names the file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -24,10 +25,13 @@ import httpx
 import numpy as np
 import pytest
 
+from service.verification.checkpoint_structure import spec_layout
 from tests.e2e.browser import ARGS, CHROMIUM, playwright_or_skip
 from tests.integration import dashboard_world
 from tests.integration.service_procs import Service
+from worker.data.batch_source import DataInfo
 from worker.record.fingerprint import fingerprint_arrays
+from worker.spec import parse_spec
 
 pytestmark = pytest.mark.slow
 
@@ -176,11 +180,25 @@ def environment() -> dict[str, str]:
     return env
 
 
+@functools.cache
+def layout() -> list[tuple[str, str, tuple[int, ...]]]:
+    """The checkpoint layout the server derives for `spec`: a deep MLP's about 200 variables
+    (each Dense's kernel and bias, Adam's two slots for each, its counters)."""
+    sample = DataInfo((8, 8, 1), "float32", (), "int64", num_classes=10, vocab_size=None)
+    found = spec_layout(parse_spec(spec("sha256:" + "0" * 64)), sample)
+    assert found is not None and len(found) >= TRACE_VARIABLES
+    return found
+
+
 def weights(epoch: int, tag: str) -> dict[str, np.ndarray]:
-    """200 small variables named as a deep model's are: the state at the end of `epoch`."""
+    """The state at the end of `epoch`: every variable of the spec's layout, small values."""
     rng = np.random.default_rng(int(_digest(epoch, tag)[:8], 16))
-    names = [f"model/block_{i // 4:02d}/layer_{i % 4}/kernel" for i in range(TRACE_VARIABLES)]
-    return {n: rng.standard_normal(3).astype(np.float32) for n in names}
+    return {
+        path: rng.standard_normal(shape).astype(dtype)
+        if dtype.startswith("float")
+        else np.full(shape, epoch, dtype=dtype)
+        for path, dtype, shape in layout()
+    }
 
 
 def npz_of(arrays: dict[str, np.ndarray]) -> bytes:
@@ -326,6 +344,7 @@ def spec(dataset: str) -> dict[str, Any]:
         "train_batches": 4,
     }
     doc["training"]["metrics"] = ["accuracy"]
+    doc["model"]["params"]["hidden"] = [4] * 32  # the most layers: about 200 variables
     return doc
 
 

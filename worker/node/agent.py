@@ -65,6 +65,7 @@ class Agent:
         self.cpu_replicas = cpu_replicas or default_cpu_replicas()
         self.worker_id: Id | None = None
         self.heartbeat_seconds = 10.0
+        self.progress_seconds = 5.0
         self._stop = threading.Event()
         # Reentrant: request_stop may run in a signal handler that interrupted a holder.
         self._lock = threading.RLock()
@@ -189,6 +190,8 @@ class Agent:
                 continue
             self.worker_id = info["id"]
             self.heartbeat_seconds = float(info["heartbeat_seconds"])
+            # A server that predates the setting sent progress once a second.
+            self.progress_seconds = float(info.get("progress_seconds", 1.0))
             self.courier.heartbeat_seconds = self.heartbeat_seconds
             log.info(
                 "registered as worker %s (%s), %d device(s) for replicas",
@@ -278,6 +281,7 @@ class Agent:
             watch=self._watch,
             outbox=self.courier.outbox,
             heartbeat_seconds=self.heartbeat_seconds,
+            progress_seconds=self.progress_seconds,
         )
         try:
             report = run.execute()

@@ -46,7 +46,7 @@ from worker.training.progress import parse_line
 
 log = logging.getLogger("reprotrain.agent")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-PROGRESS_SECONDS = 1.0  # at most one progress update a second
+TICK_SECONDS = 1.0  # how often the heartbeat thread looks (liveness, due sends, retries)
 RETRY_SECONDS = 30.0  # the longest wait between tries while the API does not answer
 MODEL_FILE = "model.keras"  # the final model a succeeded job exports, uploaded as kind "model"
 
@@ -96,6 +96,7 @@ class ClaimedRun:
         watch: JobWatcher,
         outbox: Outbox,
         heartbeat_seconds: float,
+        progress_seconds: float = TICK_SECONDS,
     ) -> None:
         self.claim = claim
         self.client = client
@@ -111,8 +112,9 @@ class ClaimedRun:
         self._refused: str | None = None
         self._bounds = job_file_bounds(claim.get("limits") or {})
         self.heartbeat_seconds = heartbeat_seconds
+        self.progress_seconds = progress_seconds
         # While the API does not answer, heartbeats and uploads are tried at least this often.
-        self._retry_cap = min(max(heartbeat_seconds, PROGRESS_SECONDS), RETRY_SECONDS)
+        self._retry_cap = min(max(heartbeat_seconds, TICK_SECONDS), RETRY_SECONDS)
         self.run_id: Id = claim["run"]["id"]
         # Every report about the run names the attempt: one that is over is refused.
         self.attempt = int(claim["run"].get("attempt", 1))
@@ -275,7 +277,7 @@ class ClaimedRun:
         runs; once the job has ended it waits for the report instead."""
         epoch, *paths = item
         what = f"checkpoint {paths[-1].stem}"
-        delay = PROGRESS_SECONDS
+        delay = TICK_SECONDS
         while True:
             try:
                 for path in paths:  # npz first: the API counts a checkpoint once its json is in
@@ -312,7 +314,7 @@ class ClaimedRun:
                     self._waiting.append(item)
                     return
                 # Said once per checkpoint; the heartbeats say when the API answers again.
-                (log.warning if delay == PROGRESS_SECONDS else log.debug)(
+                (log.warning if delay == TICK_SECONDS else log.debug)(
                     "run %s: %s not uploaded (%s); trying again in %.0f s",
                     job.run_id,
                     what,
@@ -323,20 +325,26 @@ class ClaimedRun:
                 delay = min(delay * 2, self._retry_cap)
 
     def _heartbeat_loop(self, job: Job) -> None:
-        # Heartbeats keep the lease every `heartbeat_seconds`; new progress goes out sooner
-        # (at most once a second) so progress bars and event streams stay live. While the
-        # API does not answer, the job trains on and heartbeats are tried with backoff.
+        # Heartbeats keep the lease every `heartbeat_seconds`; new progress goes out sooner,
+        # but at most once a `progress_seconds` (the server's setting: a fleet's heartbeats
+        # are what the API serves most). While the API does not answer, the job trains on
+        # and heartbeats are tried with backoff.
         due = time.monotonic() + self.heartbeat_seconds
+        progress_due = time.monotonic() + self.progress_seconds
         sent_progress: dict[str, Any] | None = None
         away_since: float | None = None  # when the API stopped answering
         retry_at = 0.0
-        while not job.reported.wait(PROGRESS_SECONDS) and not job.abandoned.is_set():
+        while not job.reported.wait(TICK_SECONDS) and not job.abandoned.is_set():
             mark_alive(self.work_dir)  # a long job is progress too (the liveness probe)
             now = time.monotonic()
             progress = job.progress
             if away_since is not None and now < retry_at:
                 continue
-            if away_since is None and now < due and progress is sent_progress:
+            if (
+                away_since is None
+                and now < due
+                and (progress is sent_progress or now < progress_due)
+            ):
                 continue
             try:
                 self.client.heartbeat(job.run_id, self.worker_id, progress, attempt=self.attempt)
@@ -356,7 +364,7 @@ class ClaimedRun:
                         exc,
                     )
                 # Sooner at first (a restart is short), then once a heartbeat period.
-                retry_at = now + min(max(now - away_since, PROGRESS_SECONDS), self._retry_cap)
+                retry_at = now + min(max(now - away_since, TICK_SECONDS), self._retry_cap)
                 continue
             except Exception:  # never let a bug end the heartbeats silently
                 log.exception("run %s: heartbeat thread error", job.run_id)
@@ -369,6 +377,7 @@ class ClaimedRun:
                 )
                 away_since = None
             due, sent_progress = now + self.heartbeat_seconds, progress
+            progress_due = now + self.progress_seconds
 
     def _refuse(self, job: Job, why: str) -> None:
         """Fail the run for a file its job wrote that the agent will not read; stop the job."""

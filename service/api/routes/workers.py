@@ -96,6 +96,7 @@ def register(
         id=worker.id,
         lease_seconds=settings.lease_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,
+        progress_seconds=settings.progress_seconds,
         devices=worker.devices,
     )
 
@@ -247,17 +248,16 @@ def heartbeat(
     run_id: IdPath, body: HeartbeatIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
 ) -> HeartbeatOut:
     """Extend the lease of a held run and record its progress (409 if not held)."""
-    queue.check_worker(db, body.worker_id, principal)
-    run = queue.heartbeat(
+    expires = queue.heartbeat(
         db=db,
         settings=settings,
         run_id=run_id,
         worker_id=body.worker_id,
         progress=body.progress,
         attempt=body.attempt,
+        principal=principal,
     )
-    assert run.lease_expires_at is not None
-    return HeartbeatOut(lease_expires_at=run.lease_expires_at)
+    return HeartbeatOut(lease_expires_at=expires)
 
 
 @router.post("/runs/{run_id}/complete", response_model=RunOut, responses=_REPORT_ERRORS)
