@@ -20,13 +20,14 @@ def test_results_on_stdout_and_submit_wait_shows_epochs_and_metrics(tmp_path: Pa
 
     service = Service(tmp_path / "data", extra=("--no-demo",))
     with running(service, tmp_path / "worker") as (svc, _):
-        api = ("--api", svc.url, "--token", svc.admin_token)
+        api = ("--api", svc.url)  # the token in the environment: on the command line it warns
+        token = {"REPRO_TOKEN": svc.admin_token}
         # Epochs long enough (a few seconds) for the worker's reports to land in each.
         tiny = blobs_spec()
         tiny["dataset"]["train_batches"] = 3000
         tiny["training"]["epochs"] = 3
         spec = write_spec(tiny, tmp_path)
-        waited = repro("submit", str(spec), "--wait", *api, cwd=tmp_path)
+        waited = repro("submit", str(spec), "--wait", *api, cwd=tmp_path, env=token)
         assert waited.returncode == 0, waited.stderr
         # Into a pipe the progress is one line per finished epoch, on stderr.
         for epoch in (1, 2, 3):
@@ -35,20 +36,21 @@ def test_results_on_stdout_and_submit_wait_shows_epochs_and_metrics(tmp_path: Pa
         last = waited.stdout.strip().splitlines()[-1]
         assert last.startswith("epoch 3 ") and "loss " in last and "accuracy " in last
 
-        status = repro("status", *api, cwd=tmp_path)
+        status = repro("status", *api, cwd=tmp_path, env=token)
         assert status.returncode == 0, status.stderr
         assert "succeeded" in status.stdout and "succeeded" not in status.stderr
-        run = json.loads(repro("status", "--json", *api, cwd=tmp_path).stdout)["items"][0]
+        listing = repro("status", "--json", *api, cwd=tmp_path, env=token)
+        run = json.loads(listing.stdout)["items"][0]
         assert run["final_fingerprint"] in status.stdout  # whole, not cut
 
         data = tmp_path / "table.npz"
         np.savez(data, x=np.zeros((40, 3), np.float32), y=np.arange(40) % 2)
-        digest = repro("dataset", "push", str(data), *api, cwd=tmp_path).stdout.strip()
-        listed = repro("dataset", "list", *api, cwd=tmp_path, env={"COLUMNS": "80"})
+        digest = repro("dataset", "push", str(data), *api, cwd=tmp_path, env=token).stdout.strip()
+        listed = repro("dataset", "list", *api, cwd=tmp_path, env={"COLUMNS": "80", **token})
         assert listed.returncode == 0, listed.stderr
         assert digest in listed.stdout and "table.npz" not in listed.stderr
 
-        refused = repro("dataset", "show", digest[:19], *api, cwd=tmp_path)
+        refused = repro("dataset", "show", digest[:19], *api, cwd=tmp_path, env=token)
         assert refused.returncode == 2
         first, *reasons = refused.stderr.strip().splitlines()
         assert first.startswith("error 422:")
