@@ -58,6 +58,8 @@ class Job:
         self.run_id = run_id
         self.handle = handle
         self.progress: dict[str, Any] | None = None
+        # The end of an epoch (its metrics) not sent yet: it goes out at the next tick.
+        self.milestone: dict[str, Any] | None = None
         self.abandoned = threading.Event()
         self.ended = threading.Event()  # the job has exited and been waited for
         self.reported = threading.Event()  # heartbeats stop here
@@ -255,6 +257,8 @@ class ClaimedRun:
                 job_log.write(line + "\n")
                 continue
             job.progress = event
+            if event["event"] == "epoch_end":
+                job.milestone = event
             if event["event"] == "checkpoint" and not job.abandoned.is_set():
                 try:
                     uploads.put(checkpoint_uploads(request.checkpoint_dir, event))
@@ -327,8 +331,9 @@ class ClaimedRun:
     def _heartbeat_loop(self, job: Job) -> None:
         # Heartbeats keep the lease every `heartbeat_seconds`; new progress goes out sooner,
         # but at most once a `progress_seconds` (the server's setting: a fleet's heartbeats
-        # are what the API serves most). While the API does not answer, the job trains on
-        # and heartbeats are tried with backoff.
+        # are what the API serves most), except the end of an epoch, with its metrics, which
+        # goes out at the next tick. While the API does not answer, the job trains on and
+        # heartbeats are tried with backoff.
         due = time.monotonic() + self.heartbeat_seconds
         progress_due = time.monotonic() + self.progress_seconds
         sent_progress: dict[str, Any] | None = None
@@ -337,12 +342,14 @@ class ClaimedRun:
         while not job.reported.wait(TICK_SECONDS) and not job.abandoned.is_set():
             mark_alive(self.work_dir)  # a long job is progress too (the liveness probe)
             now = time.monotonic()
-            progress = job.progress
+            milestone = job.milestone
+            progress = milestone if milestone is not None else job.progress
             if away_since is not None and now < retry_at:
                 continue
             if (
                 away_since is None
                 and now < due
+                and milestone is None
                 and (progress is sent_progress or now < progress_due)
             ):
                 continue
@@ -377,6 +384,8 @@ class ClaimedRun:
                 )
                 away_since = None
             due, sent_progress = now + self.heartbeat_seconds, progress
+            if milestone is not None and job.milestone is milestone:
+                job.milestone = None
             progress_due = now + self.progress_seconds
 
     def _refuse(self, job: Job, why: str) -> None:
