@@ -12,8 +12,9 @@ same attempt instead of losing the work.
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 from alembic import op
+
+from migrations.schema_ops import add_reference_column
 
 revision = "0012"
 down_revision = "0011"
@@ -22,14 +23,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("lapsed_holder_id", sa.Integer(), nullable=True))
-        batch.create_foreign_key(
-            "fk_runs_lapsed_holder_id", "workers", ["lapsed_holder_id"], ["id"]
-        )
+    add_reference_column("runs", "lapsed_holder_id", "workers", "fk_runs_lapsed_holder_id")
 
 
 def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
-        batch.drop_constraint("fk_runs_lapsed_holder_id", type_="foreignkey")
         batch.drop_column("lapsed_holder_id")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.schema_ops import add_reference_column
+
 revision = "0013"
 down_revision = "0012"
 branch_labels = None
@@ -23,18 +25,14 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("submitter_id", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("priority", sa.Integer(), nullable=False, server_default="0"))
-        batch.create_foreign_key("fk_runs_submitter_id", "api_tokens", ["submitter_id"], ["id"])
-    with op.batch_alter_table("api_tokens") as batch:
-        batch.add_column(sa.Column("queue_turn_at", sa.DateTime(), nullable=True))
+    add_reference_column("runs", "submitter_id", "api_tokens", "fk_runs_submitter_id")
+    op.add_column("runs", sa.Column("priority", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("api_tokens", sa.Column("queue_turn_at", sa.DateTime(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("api_tokens") as batch:
         batch.drop_column("queue_turn_at")
     with op.batch_alter_table("runs") as batch:
-        batch.drop_constraint("fk_runs_submitter_id", type_="foreignkey")
         batch.drop_column("priority")
         batch.drop_column("submitter_id")
