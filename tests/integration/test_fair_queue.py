@@ -4,50 +4,31 @@ an admin sets one. On SQLite and PostgreSQL, through the HTTP routes."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 
-from service.app import create_app
-from service.auth.tokens import create_token
+from service.auth.tokens import Role
 from service.config import Settings
+from tests.integration.asgi_clients import Clients, with_clients
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 SWEEP = 500
 FEW = 5
-Clients = dict[str, httpx.AsyncClient]
 
 
 def scenario(settings: Settings, body: Callable[[Clients], Awaitable[None]]) -> None:
     """Run `body` with clients for two submitters (`sweeper`, `other`), an admin and a
     worker."""
-    app = create_app(settings)
-    roles = {"sweeper": "submitter", "other": "submitter", "admin": "admin", "worker": "worker"}
-    with app.state.sessionmaker() as db:
-        secrets = {
-            name: create_token(db=db, name=name, role=role)[1] for name, role in roles.items()
-        }
-
-    async def main() -> None:
-        transport = httpx.ASGITransport(app=app)
-        clients = {
-            name: httpx.AsyncClient(
-                transport=transport,
-                base_url="http://api",
-                headers={"Authorization": f"Bearer {secret}"},
-            )
-            for name, secret in secrets.items()
-        }
-        try:
-            await body(clients)
-        finally:
-            for client in clients.values():
-                await client.aclose()
-
-    asyncio.run(main())
+    roles: dict[str, Role] = {
+        "sweeper": "submitter",
+        "other": "submitter",
+        "admin": "admin",
+        "worker": "worker",
+    }
+    with_clients(settings, roles, lambda app, clients: body(clients))
 
 
 async def submit(client: httpx.AsyncClient, **params: Any) -> httpx.Response:

@@ -7,7 +7,6 @@ PostgreSQL, through the HTTP routes."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
@@ -17,11 +16,10 @@ from typing import Any
 import httpx
 from sqlalchemy import update
 
-from service.app import create_app
-from service.auth.tokens import create_token
 from service.config import Settings
 from service.persistence.models import Run, utcnow
 from service.runs import queue
+from tests.integration.asgi_clients import Clients, with_clients
 from tests.integration.jobs import REPO
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
@@ -94,31 +92,12 @@ class Fleet:
 
 
 def scenario(settings: Settings, body: Callable[[Fleet], Awaitable[None]]) -> None:
-    app = create_app(settings)
-    with app.state.sessionmaker() as db:
-        secrets = {
-            role: create_token(db=db, name=role, role=role)[1] for role in ("submitter", "worker")
-        }
+    async def run(app: Any, clients: Clients) -> None:
+        fleet = Fleet(app, clients["submitter"], clients["worker"])
+        await fleet.register()
+        await body(fleet)
 
-    async def main() -> None:
-        transport = httpx.ASGITransport(app=app)
-        clients = [
-            httpx.AsyncClient(
-                transport=transport,
-                base_url="http://api",
-                headers={"Authorization": f"Bearer {secrets[role]}"},
-            )
-            for role in ("submitter", "worker")
-        ]
-        try:
-            fleet = Fleet(app, *clients)
-            await fleet.register()
-            await body(fleet)
-        finally:
-            for client in clients:
-                await client.aclose()
-
-    asyncio.run(main())
+    with_clients(settings, {"submitter": "submitter", "worker": "worker"}, run)
 
 
 def no_grace(settings: Settings) -> Settings:
