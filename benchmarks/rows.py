@@ -52,6 +52,8 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
     if unit == "share":
         return f"{value * 100:.2f}%"
+    if unit == "jobs":
+        return f"{value:,.0f} jobs"
     if unit in ("req/s", "claims/s", "steps/s"):
         return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
     return f"{value:.3g} {unit}"

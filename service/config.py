@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     # Worker names one worker token may hold (registering the next one: 409), and images one
     # worker may advertise (422); each stored worker is shown in lists and pages.
     max_workers_per_token: int = Field(default=256, ge=1)
+    # Workers one bootstrap token may enroll, each with a credential of its own (live ones
+    # count: a revoked or expired credential frees its place).
+    max_enrollments_per_token: int = Field(default=10_000, ge=1)
     max_worker_images: int = Field(default=64, ge=1, le=1000)
     # Reproducibility flags (`repro doctor`'s) one worker may report at registration (422).
     max_worker_flags: int = Field(default=32, ge=1, le=256)

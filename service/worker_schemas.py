@@ -52,6 +52,13 @@ class RegisterOut(BaseModel):
     devices: int = 1  # the replicas this worker can be given: its GPUs, else its CPU devices
 
 
+class EnrollOut(RegisterOut):
+    # The worker's own credential (a worker token for this worker alone), shown once: the
+    # agent keeps it and uses it instead of the bootstrap token from then on.
+    credential: str
+    credential_id: int
+
+
 class WorkerOut(BaseModel):
     """A registered worker and what it can run."""
 

@@ -67,6 +67,40 @@ def _check_new_name(db: Session, token_id: int | None, name: str, max_names: int
         )
 
 
+def enrollment_conflict(db: Session, name: str) -> str | None:
+    """Why `name` cannot be enrolled now (its credential is live), or None."""
+    worker = db.scalar(select(Worker).where(Worker.name == name))
+    if worker is None or not _token_is_live(db, worker.token_id):
+        return None
+    return (
+        f"worker {name!r} is registered with a credential that is still valid (token "
+        f"{worker.token_id}); to enroll it again, an admin revokes that token first "
+        f"(repro token revoke {worker.token_id})"
+    )
+
+
+def check_enrollments(db: Session, bootstrap_id: int, most: int) -> None:
+    """Conflict (409) when this bootstrap token has enrolled `most` live workers already."""
+    now = utcnow()
+    live = (
+        db.scalar(
+            select(func.count(ApiToken.id)).where(
+                ApiToken.created_by_id == bootstrap_id,
+                ApiToken.role == "worker",
+                ApiToken.revoked_at.is_(None),
+                (ApiToken.expires_at.is_(None)) | (ApiToken.expires_at > now),
+            )
+        )
+        or 0
+    )
+    if live >= most:
+        raise Conflict(
+            f"this token has enrolled {live} workers with live credentials, the most one "
+            f"token may (REPRO_MAX_ENROLLMENTS_PER_TOKEN={most}); revoke the credentials of "
+            "workers that are gone, or enroll with another token"
+        )
+
+
 def _token_is_live(db: Session, token_id: int | None) -> bool:
     token = db.get(ApiToken, token_id) if token_id is not None else None
     if token is None or token.revoked_at is not None:

@@ -428,6 +428,14 @@ def worker(
             help="run `repro doctor`'s checks where jobs run and report their flags",
         ),
     ] = True,
+    enroll: Annotated[
+        bool,
+        typer.Option(
+            "--enroll",
+            help="the token is the fleet's bootstrap token: enroll this worker once, keep its "
+            "own credential in the work directory (owner-only) and use that from then on",
+        ),
+    ] = False,
     warm_start: Annotated[
         bool,
         typer.Option(
@@ -439,7 +447,9 @@ def worker(
     ] = True,
 ) -> None:
     """Run a worker agent: claim runs, train each in a fresh process or container, report."""
-    from worker.node.agent import WorkDirBusy, run_agent
+    from worker.node.agent import WorkDirBusy, default_work_dir, run_agent
+    from worker.node.api_errors import ApiError
+    from worker.node.enrollment import EnrollmentError, refused_hint
     from worker.node.executors import ExecutorUnavailable
 
     _configure_logging()
@@ -471,9 +481,17 @@ def worker(
             images=images,
             cpu_replicas=cpu_replicas,
             readiness_checks=readiness_checks,
+            enroll=enroll,
         )
-    except (ExecutorUnavailable, WorkDirBusy) as exc:
+    except (ExecutorUnavailable, WorkDirBusy, EnrollmentError) as exc:
         err.print(f"[red]cannot start the worker:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except ApiError as exc:
+        if not (enroll and exc.status_code == 401):
+            raise
+        err.print(
+            f"[red]cannot start the worker:[/red] {refused_hint(work_dir or default_work_dir())}"
+        )
         raise typer.Exit(2) from None
 
 

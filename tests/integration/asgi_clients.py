@@ -47,3 +47,12 @@ def with_clients(
                 await client.aclose()
 
     asyncio.run(main())
+
+
+def same_app(client: httpx.AsyncClient, token: str) -> httpx.AsyncClient:
+    """Another client of the app `client` talks to, authenticated with `token`."""
+    return httpx.AsyncClient(
+        transport=client._transport,  # the app's ASGI transport: no public accessor
+        base_url="http://api",
+        headers={"Authorization": f"Bearer {token}"},
+    )

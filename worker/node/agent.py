@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.node.client import ApiClient, ApiError, ApiUnreachable, Id
+from worker.node.enrollment import worker_credential
 from worker.node.executors import Executor, make_executor
 from worker.node.job import ClaimedRun, Job
 from worker.node.liveness import mark_alive
@@ -335,8 +336,15 @@ def run_agent(
     install_signals: bool = True,
     cpu_replicas: int | None = None,
     readiness_checks: bool = True,
+    enroll: bool = False,
 ) -> None:
-    """Run a worker agent against the API at `api` until it is stopped."""
+    """Run a worker agent against the API at `api` until it is stopped.
+
+    With `enroll`, `token` is the fleet's bootstrap token: the agent works with a credential
+    of its own, enrolled once and kept in the work directory (worker.node.enrollment)."""
+    if enroll:
+        work_dir = work_dir or default_work_dir()
+        name, token = worker_credential(api, token, work_dir, name)
     with ApiClient(api, token) as client, contextlib.ExitStack() as stack:
         if work_dir is None:
             work_dir = default_work_dir()

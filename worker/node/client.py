@@ -219,6 +219,12 @@ class ApiClient(Transport):
             body["readiness_flags"] = readiness_flags
         return as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
+    def enroll(self, name: str, *, hostname: str) -> dict[str, Any]:
+        """Enroll a worker with this (bootstrap) token: {"id", "credential", "credential_id",
+        "lease_seconds", ...}; the credential is the worker's own token, shown once."""
+        body = {"name": name, "hostname": hostname}
+        return as_dict(self._call("POST", f"{API}/workers/enroll", json=body))
+
     def claim(self, worker_id: Id, *, wait: float = 0) -> dict[str, Any] | None:
         """Lease the next run this worker can run: {"run", "lease", "checkpoint"}, or None.
 

@@ -28,11 +28,11 @@ from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.auth import worker_identity
 from service.auth.provenance_key import claim_provenance
-from service.auth.tokens import Principal
+from service.auth.tokens import Principal, create_token, revoke
 from service.config import Settings
-from service.errors import CheckpointRefused, Forbidden
+from service.errors import CheckpointRefused, Conflict, Forbidden
 from service.metrics import observe_claim
-from service.persistence.models import Run
+from service.persistence.models import Run, Worker
 from service.runs import queue, resume_points
 from service.runs.claim_waits import ClaimWaits
 from service.schemas import MAX_ID, ArtifactOut, RunOut
@@ -45,6 +45,7 @@ from service.worker_schemas import (
     ClaimedRun,
     ClaimOut,
     CompleteIn,
+    EnrollOut,
     FailIn,
     HeartbeatIn,
     HeartbeatOut,
@@ -73,8 +74,47 @@ def register(
     image outside the server's allow-list is refused (403). A token holds at most
     `REPRO_MAX_WORKERS_PER_TOKEN` names (409 for the next new one), a worker advertises at
     most `REPRO_MAX_WORKER_IMAGES` images (422)."""
-    worker = worker_identity.register_worker(
-        token_id=principal.token_id,
+    worker = _register(db, settings, body, principal.token_id)
+    return _registered(worker, settings)
+
+
+@router.post(
+    "/workers/enroll",
+    status_code=201,
+    response_model=EnrollOut,
+    responses=errors(400, 409, 413, 422),
+)
+def enroll(
+    body: RegisterIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+) -> EnrollOut:
+    """Enroll a worker with a bootstrap (worker) token: the worker gets a credential of its
+    own, a worker token for it alone, shown once in the answer.
+
+    From then on the worker authenticates with that credential: revoking it stops this
+    worker alone, and the bootstrap token can be rotated without touching enrolled workers.
+    A name whose credential is still valid is refused (409: revoke it first); a bootstrap
+    token enrolls at most `REPRO_MAX_ENROLLMENTS_PER_TOKEN` workers with live credentials.
+    """
+    conflict = worker_identity.enrollment_conflict(db, body.name)
+    if conflict is not None:
+        raise Conflict(conflict)
+    worker_identity.check_enrollments(db, principal.token_id, settings.max_enrollments_per_token)
+    credential, secret = create_token(
+        db=db, name=f"worker {body.name}", role="worker", creator=principal
+    )
+    try:
+        worker = _register(db, settings, body, credential.id)
+    except Exception:
+        db.rollback()
+        revoke(db=db, token_id=credential.id, actor=principal)  # never handed out
+        raise
+    registered = _registered(worker, settings)
+    return EnrollOut(**registered.model_dump(), credential=secret, credential_id=credential.id)
+
+
+def _register(db: Session, settings: Settings, body: RegisterIn, token_id: int) -> Worker:
+    return worker_identity.register_worker(
+        token_id=token_id,
         db=db,
         name=body.name,
         hostname=body.hostname,
@@ -92,6 +132,9 @@ def register(
         max_flags=settings.max_worker_flags,
         max_names=settings.max_workers_per_token,
     )
+
+
+def _registered(worker: Worker, settings: Settings) -> RegisterOut:
     return RegisterOut(
         id=worker.id,
         lease_seconds=settings.lease_seconds,
