@@ -89,7 +89,9 @@ def test_a_bundle_s_daemon_dies_with_its_job_and_cannot_forge_the_next_result(
     marker = tmp_path / "daemon-pid"
     body = hostile_bundle("daemon_rings", str(marker))
     first = run_of(service, ring_spec(pushed_digest(service.client, body, name="daemon")))
-    assert first["status"] == "succeeded", first["error"]
+    # Its own daemon rewrites this run's own result too (killed mid-write it leaves it empty):
+    # a bundle's code speaks for its own run. What it must not reach is anyone else's.
+    assert first["status"] in ("succeeded", "failed"), first
     daemon = int(marker.read_text())
     try:
         # Reported only once every process of the job is gone, the escaped daemon included.
