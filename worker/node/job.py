@@ -335,7 +335,7 @@ class ClaimedRun:
         # goes out at the next tick. While the API does not answer, the job trains on and
         # heartbeats are tried with backoff.
         due = time.monotonic() + self.heartbeat_seconds
-        progress_due = time.monotonic() + self.progress_seconds
+        progress_due = time.monotonic()  # the first progress at once: training has started
         sent_progress: dict[str, Any] | None = None
         away_since: float | None = None  # when the API stopped answering
         retry_at = 0.0
