@@ -54,6 +54,14 @@ EXIT_CODES = {"succeeded": 0, "failed": 1, "invalid": 2, "interrupted": 3}
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m worker.run", description="Run one training job.")
+    _run_arguments(p)
+    _input_arguments(p)
+    _option_arguments(p)
+    return p
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """What to run, where its result and checkpoints go, and which stretch of it."""
     p.add_argument("--spec", required=True, type=Path, help="experiment spec (YAML or JSON)")
     p.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
     p.add_argument("--checkpoint-dir", type=Path, help="directory for epoch checkpoints")
@@ -86,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="finish after global step S, mid-epoch: with --resume, replays one stretch",
     )
+
+
+def _input_arguments(p: argparse.ArgumentParser) -> None:
+    """The stored inputs the spec names by digest, and where the final model goes."""
     p.add_argument(
         "--dataset-file",
         type=Path,
@@ -111,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
         help="on success, save the final model here in Keras's native format "
         f"(default: ${EXPORT_MODEL_ENV}, if set)",
     )
+
+
+def _option_arguments(p: argparse.ArgumentParser) -> None:
+    """How the job trains, and the operator's limits."""
     p.add_argument(
         "--classic-loop",
         action="store_true",
@@ -135,7 +151,6 @@ def _parser() -> argparse.ArgumentParser:
         help="fail the job if a model definition's largest tensor for one batch holds more "
         "values (an operator's limit)",
     )
-    return p
 
 
 def _reexec_if_needed(spec: ExperimentSpec, argv: list[str]) -> None:

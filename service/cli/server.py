@@ -389,17 +389,51 @@ def _worker_token(ctx: typer.Context, token: str | None, token_file: Path | None
     return resolve_token(token, token_file) if token_file else token
 
 
+WorkerTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="REPRO_TOKEN",
+        help="refused on the command line (it would be public): use --token-file",
+    ),
+]
+TrustCodeOption = Annotated[
+    bool,
+    typer.Option(
+        "--trust-code",
+        help="process: also run code bundles, as this agent's user (docker always does)",
+    ),
+]
+ReadinessChecksOption = Annotated[
+    bool,
+    typer.Option(
+        "--readiness-checks/--no-readiness-checks",
+        help="run `repro doctor`'s checks where jobs run and report their flags",
+    ),
+]
+EnrollOption = Annotated[
+    bool,
+    typer.Option(
+        "--enroll",
+        help="the token is the fleet's bootstrap token: enroll this worker once, keep its "
+        "own credential in the work directory (owner-only) and use that from then on",
+    ),
+]
+WarmStartOption = Annotated[
+    bool,
+    typer.Option(
+        "--warm-start/--no-warm-start",
+        help="process: while idle, start the next job's interpreter (TensorFlow imported) "
+        "so a claimed job starts training sooner (docker, and --trust-code, always start "
+        "cold)",
+    ),
+]
+
+
 def worker(
     ctx: typer.Context,
     api: ApiOption = DEFAULT_API,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            envvar="REPRO_TOKEN",
-            help="refused on the command line (it would be public): use --token-file",
-        ),
-    ] = None,
+    token: WorkerTokenOption = None,
     token_file: TokenFileOption = None,
     name: WorkerNameOption = None,
     work_dir: WorkDirOption = None,
@@ -414,44 +448,12 @@ def worker(
     deadline: DeadlineOption = None,
     allow_tag: AllowTagOption = False,
     cpu_replicas: CpuReplicasOption = None,
-    trust_code: Annotated[
-        bool,
-        typer.Option(
-            "--trust-code",
-            help="process: also run code bundles, as this agent's user (docker always does)",
-        ),
-    ] = False,
-    readiness_checks: Annotated[
-        bool,
-        typer.Option(
-            "--readiness-checks/--no-readiness-checks",
-            help="run `repro doctor`'s checks where jobs run and report their flags",
-        ),
-    ] = True,
-    enroll: Annotated[
-        bool,
-        typer.Option(
-            "--enroll",
-            help="the token is the fleet's bootstrap token: enroll this worker once, keep its "
-            "own credential in the work directory (owner-only) and use that from then on",
-        ),
-    ] = False,
-    warm_start: Annotated[
-        bool,
-        typer.Option(
-            "--warm-start/--no-warm-start",
-            help="process: while idle, start the next job's interpreter (TensorFlow imported) "
-            "so a claimed job starts training sooner (docker, and --trust-code, always start "
-            "cold)",
-        ),
-    ] = True,
+    trust_code: TrustCodeOption = False,
+    readiness_checks: ReadinessChecksOption = True,
+    enroll: EnrollOption = False,
+    warm_start: WarmStartOption = True,
 ) -> None:
     """Run a worker agent: claim runs, train each in a fresh process or container, report."""
-    from worker.node.agent import WorkDirBusy, default_work_dir, run_agent
-    from worker.node.api_errors import ApiError
-    from worker.node.enrollment import EnrollmentError, refused_hint
-    from worker.node.executors import ExecutorUnavailable
-
     _configure_logging()
     token = _worker_token(ctx, token, token_file)
     executor_options, images = _executor_setup(
@@ -467,31 +469,40 @@ def worker(
         executor_options["trust_code"] = True
     if executor is WorkerExecutor.process:
         executor_options["warm_start"] = warm_start
+    _run_worker(
+        api,
+        token,
+        enroll=enroll,
+        name=name,
+        work_dir=work_dir,
+        executor=executor.value,
+        executor_options=executor_options,
+        poll_interval=poll,
+        claim_wait=claim_wait,
+        max_jobs=max_jobs,
+        images=images,
+        cpu_replicas=cpu_replicas,
+        readiness_checks=readiness_checks,
+    )
+
+
+def _run_worker(api: str, token: str | None, *, enroll: bool, **options: Any) -> None:
+    """The agent until it stops; exit 2 with the reason when it cannot start."""
+    from worker.node.agent import WorkDirBusy, default_work_dir, run_agent
+    from worker.node.api_errors import ApiError
+    from worker.node.enrollment import EnrollmentError, refused_hint
+    from worker.node.executors import ExecutorUnavailable
+
     try:
-        run_agent(
-            api,
-            token,
-            name=name,
-            work_dir=work_dir,
-            executor=executor.value,
-            executor_options=executor_options,
-            poll_interval=poll,
-            claim_wait=claim_wait,
-            max_jobs=max_jobs,
-            images=images,
-            cpu_replicas=cpu_replicas,
-            readiness_checks=readiness_checks,
-            enroll=enroll,
-        )
+        run_agent(api, token, enroll=enroll, **options)
     except (ExecutorUnavailable, WorkDirBusy, EnrollmentError) as exc:
         err.print(f"[red]cannot start the worker:[/red] {exc}")
         raise typer.Exit(2) from None
     except ApiError as exc:
         if not (enroll and exc.status_code == 401):
             raise
-        err.print(
-            f"[red]cannot start the worker:[/red] {refused_hint(work_dir or default_work_dir())}"
-        )
+        hint = refused_hint(options.get("work_dir") or default_work_dir())
+        err.print(f"[red]cannot start the worker:[/red] {hint}")
         raise typer.Exit(2) from None
 
 

@@ -46,7 +46,10 @@ def with_clients(
             for client in clients.values():
                 await client.aclose()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        app.state.engine.dispose()
 
 
 def same_app(client: httpx.AsyncClient, token: str) -> httpx.AsyncClient:

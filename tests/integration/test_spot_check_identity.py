@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 
-from service.app import create_app
-from service.auth.tokens import create_token
+from service.auth.tokens import Role
 from service.config import Settings
 from service.persistence.models import Artifact, Run, Worker, utcnow
+from tests.integration.asgi_clients import Clients, with_clients
 from tests.integration.jobs import blobs_spec
 
 IMAGE = "sha256:" + "ab" * 32  # the image the run recorded training on
@@ -90,34 +90,12 @@ class World:
 
 def scenario(settings: Settings, body: Callable[[World], Awaitable[None]], **changes: Any) -> None:
     """Run `body` against the app on the migrated database, with these settings changed."""
-    app = create_app(settings.model_copy(update=changes))
-    with app.state.sessionmaker() as db:
-        secrets = {
-            name: create_token(db=db, name=name, role="admin" if name == "admin" else "worker")[1]
-            for name in TOKENS
-        }
+    roles: dict[str, Role] = {n: "admin" if n == "admin" else "worker" for n in TOKENS}
 
-    async def main() -> None:
-        transport = httpx.ASGITransport(app=app)
-        clients = {
-            name: httpx.AsyncClient(
-                transport=transport,
-                base_url="http://api",
-                headers={"Authorization": f"Bearer {secret}"},
-                timeout=60,
-            )
-            for name, secret in secrets.items()
-        }
-        try:
-            await body(World(app, clients))
-        finally:
-            for client in clients.values():
-                await client.aclose()
+    async def run(app: Any, clients: Clients) -> None:
+        await body(World(app, clients))
 
-    try:
-        asyncio.run(main())
-    finally:
-        app.state.engine.dispose()
+    with_clients(settings.model_copy(update=changes), roles, run)
 
 
 def test_the_trainers_token_cannot_replay_its_run_under_another_name(

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import time
 from pathlib import Path
 
 from worker.node.client import ApiClient, ApiError
-from worker.record.durable import fsync_path
+from worker.record.durable import replace_durably
 
 log = logging.getLogger("reprotrain.agent")
 CREDENTIAL_FILE = "credential.json"
@@ -79,18 +78,7 @@ def _enroll(api: str, bootstrap: str, name: str) -> dict[str, object]:
 def _keep(path: Path, doc: dict[str, object]) -> None:
     """Write the credential owner-only and durably, whole or not at all."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
+    replace_durably(path, json.dumps(doc))
 
 
 def refused_hint(work_dir: Path) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from worker.node.client import ApiClient, ApiError, Id, LeaseLost
 from worker.node.job_workspace import UnsafeJobFile
-from worker.record.durable import fsync_path
+from worker.record.durable import fsync_path, replace_durably
 
 log = logging.getLogger("reprotrain.agent")
 
@@ -91,18 +91,7 @@ class Outbox:
         """Store the report durably (a crash leaves the old file or the new one, never half)."""
         path = self.path(report.run_id)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(asdict(report), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_path(self.directory)
+        replace_durably(path, json.dumps(asdict(report)))
         return path
 
     def set_aside(self, report: Report) -> Path:
