@@ -22,6 +22,7 @@ from service.metrics import RequestTimer, make_registry
 from service.persistence.engine import make_engine, make_read_sessionmaker, make_sessionmaker
 from service.runs.wakeups import app_bells
 from service.storage import artifacts
+from service.storage.s3_store import s3_store
 
 
 @asynccontextmanager
@@ -54,6 +55,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     artifacts.sweep_partial_uploads(
         [settings.resolved_artifacts_dir, settings.resolved_datasets_dir]
     )
+    if settings.storage_url:  # the object store answers, and holds no abandoned uploads
+        store = s3_store(settings)
+        store.check_bucket()
+        store.sweep_staged()
     app.state.engine = engine
     app.state.queue_bell, app.state.runs_bell = app_bells()
     app.state.sessionmaker = make_sessionmaker(engine, (app.state.queue_bell, app.state.runs_bell))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +19,20 @@ class Settings(BaseSettings):
     # Empty: a SQLite file in the data directory. Production: postgresql+psycopg://...
     database_url: str = ""
     artifacts_dir: Path | None = None
+    # Where stored bytes live: empty, the data directory (artifacts_dir); `s3://bucket/prefix`,
+    # an S3-compatible store that several API replicas share (service.storage.s3_store).
+    # Its endpoint and credentials are boto3's usual settings (AWS_ENDPOINT_URL,
+    # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION) or the two below.
+    storage_url: str = Field(
+        default="", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?)?$"
+    )
+    s3_endpoint_url: str | None = None
+    # The store's address in the presigned URLs workers and browsers get, when it is not the
+    # one the API uses (a proxy, another network).
+    s3_public_endpoint_url: str | None = None
+    s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    # How long a presigned URL works: an upload or download must start within it.
+    s3_presign_seconds: int = Field(default=900, ge=10, le=7 * 24 * 3600)
     host: str = "127.0.0.1"
     port: int = 8000
     lease_seconds: float = Field(default=30.0, gt=0)

@@ -119,3 +119,9 @@ class ServiceUnavailable(ServiceError):
     """The server is at a configured limit; try again later."""
 
     status_code = 503
+
+
+class StoreUnavailable(ServiceError):
+    """The object store does not answer, or refuses this server's credentials."""
+
+    status_code = 503

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from service.json_bounds import DETAILS, RESULT, BoundedProgress, bounded_extras, bounded_fields
 from service.runs.reported_values import checked_progress, metrics_problems
 from service.schemas import MAX_DEVICES, MAX_ID, Id, PlainText, StrictInput, UtcDatetime
+from service.storage.artifacts import SAFE_NAME, SHA256_HEX
 from worker.result import JobResult
 
 # A capability string: an executor's name, or an image reference (a rerun pins the image
@@ -50,6 +51,9 @@ class RegisterOut(BaseModel):
     # New progress goes out at most this often between two heartbeats.
     progress_seconds: float = 5.0
     devices: int = 1  # the replicas this worker can be given: its GPUs, else its CPU devices
+    # Whether files go to the object store by presigned URL (POST /runs/{id}/artifact-uploads)
+    # rather than through the API; uploads to the API work either way.
+    presigned_uploads: bool = False
 
 
 class EnrollOut(RegisterOut):
@@ -85,6 +89,27 @@ class WorkerReport(StrictInput):
     # is over is refused (409) even if the same worker holds a later one. Optional for
     # agents that predate it.
     attempt: Id | None = None
+
+
+class ArtifactUploadIn(WorkerReport):
+    """A file the worker will PUT to the object store (the ticket), or has (the completion)."""
+
+    kind: Literal["checkpoint", "model"]
+    name: str = Field(pattern=SAFE_NAME)
+    epoch: int | None = Field(default=None, ge=0, le=MAX_ID)
+    sha256: str = Field(pattern=SHA256_HEX)
+    size: int = Field(ge=0, le=2**63 - 1)
+
+
+class UploadTicketOut(BaseModel):
+    """Where to send the bytes: `method` `url` with exactly `headers`, before `expires_at`;
+    then POST the same body to /runs/{id}/artifact-uploads/{upload_id}."""
+
+    upload_id: str
+    method: Literal["PUT"] = "PUT"
+    url: str
+    headers: dict[str, str]
+    expires_at: UtcDatetime
 
 
 class HeartbeatIn(WorkerReport):

@@ -12,6 +12,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from service.api.responses import errors
 from service.api.routes import (
     admin,
+    artifact_uploads,
     code,
     compare,
     datasets,
@@ -34,6 +35,7 @@ api_router = APIRouter(prefix="/api/v1", responses=errors(401, 403, 429, 503))
 api_router.include_router(experiments.router)
 api_router.include_router(runs.router)
 api_router.include_router(workers.router)
+api_router.include_router(artifact_uploads.router)
 api_router.include_router(fleet.router)
 api_router.include_router(admin.router)
 api_router.include_router(compare.router)

@@ -5,18 +5,18 @@ the download."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Header, Query, Response
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.api.responses import errors
+from service.auth.tokens import Principal
 from service.schemas import Page
+from service.storage import blob_store
 from service.storage.by_digest import DECLARED_DIGEST, NAME, ByDigest, Row
 
 Stored = TypeVar("Stored")
@@ -100,11 +100,9 @@ def used_by(store: ByDigest[Row], db: Session, row: Row, *, prefix: str) -> dict
     }
 
 
-def content_file(path: Path, *, digest: str, filename: str) -> FileResponse:
-    """The stored bytes, with their digest in `X-Content-SHA256`."""
-    return FileResponse(
-        path,
-        media_type="application/octet-stream",
-        headers={"X-Content-SHA256": digest, "X-Content-Type-Options": "nosniff"},
-        filename=filename,
+def content_file(url: str, *, digest: str, filename: str, principal: Principal) -> Response:
+    """The stored bytes (or a redirect to them in the object store), with their digest in
+    `X-Content-SHA256`."""
+    return blob_store.download_response(
+        url, sha256=digest, filename=filename, for_worker=principal.role == "worker"
     )

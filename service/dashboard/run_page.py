@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -21,7 +21,7 @@ from service.errors import Conflict, MalformedBody, NotFound
 from service.persistence.models import Artifact, Verdict, Worker
 from service.runs import experiments as svc
 from service.schemas import MAX_AUDIT_COPIES
-from service.storage import artifacts
+from service.storage import artifacts, blob_store
 from service.verification import spot_checks
 from worker.errors import SpecError
 from worker.models import registry
@@ -133,17 +133,12 @@ def run_live(
 @router.get("/runs/{run_id}/artifacts/{artifact_id}")
 def download(
     run_id: IdPath, artifact_id: IdPath, viewer: ViewerDep, db: ReadSessionDep
-) -> FileResponse:
+) -> Response:
     """An artifact's bytes, for a logged-in viewer (the API wants a bearer token)."""
     art = artifacts.get_artifact(db, artifact_id)
     if art.run_id != run_id:
         raise NotFound(f"run {run_id} has no artifact {artifact_id}")
-    return FileResponse(
-        artifacts.local_path(art),
-        media_type="application/octet-stream",
-        headers={"X-Content-SHA256": art.sha256, "X-Content-Type-Options": "nosniff"},
-        filename=art.name,
-    )
+    return blob_store.download_response(art.storage_url, sha256=art.sha256, filename=art.name)
 
 
 @router.post("/runs/{run_id}/rerun")

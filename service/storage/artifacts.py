@@ -7,7 +7,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from service.config import Settings
 from service.errors import BodyTooLarge, DigestMismatch, MalformedBody, NotFound
 from service.persistence.file_modes import open_private, private_dir
 from service.persistence.models import Artifact, Run
+from service.storage import blob_store
 
 # The API documents and validates both; check_upload holds for any other caller.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"  # a plain file name, never a path
@@ -158,12 +159,6 @@ async def receive(
     return tmp, size
 
 
-def stored_path(directory: Path, digest: str) -> Path:
-    """Where the file of `digest` (hex, or `sha256:`-prefixed) lives in a content store."""
-    hexdigest = digest.removeprefix("sha256:")
-    return directory / hexdigest[:2] / hexdigest
-
-
 def lock_digests(db: Session, digests: Iterable[str]) -> None:
     """Hold the stored files of these digests until the transaction ends.
 
@@ -190,13 +185,13 @@ def record(
     epoch: int | None,
     sha256: str,
     size: int,
-    staged: Path,
-    directory: Path,
+    place: Callable[[], str],
     bounds: UploadBounds | None = None,
 ) -> Artifact:
-    """Move a staged upload into place and create or replace the artifact row for
-    (run, kind, name), holding the digest (`lock_digests`) from before the move until the
-    row is committed; BodyTooLarge, nothing stored, past the run's `bounds`."""
+    """Put checked bytes in the store (`place` does, answering their storage URL) and create
+    or replace the artifact row for (run, kind, name), holding the digest (`lock_digests`)
+    from before the bytes are placed until the row is committed; BodyTooLarge, nothing
+    stored, past the run's `bounds`."""
     art = db.scalar(
         select(Artifact).where(
             Artifact.run_id == run.id, Artifact.kind == kind, Artifact.name == name
@@ -206,16 +201,14 @@ def record(
         art = Artifact(run_id=run.id, kind=kind, name=name)
         db.add(art)
     # A file of the same name with other bytes: its file goes unless another artifact has it.
-    replaced = {art.sha256: local_path(art)} if art.sha256 not in (None, sha256) else {}
-    final = stored_path(directory, sha256)
+    replaced = {art.sha256: art.storage_url} if art.sha256 not in (None, sha256) else {}
     art.epoch, art.sha256, art.size = epoch, sha256, size
-    art.storage_url, art.attempt = final.resolve().as_uri(), run.attempt
+    art.storage_url, art.attempt = "", run.attempt
     db.flush()  # the row is written first: on SQLite this takes the write lock
     if bounds is not None:  # again with the row in: concurrent uploads of the run wait here
         _check_held(db, run=run, kind=kind, bounds=bounds)
     lock_digests(db, [sha256, *replaced])
-    private_dir(final.parent)
-    os.replace(staged, final)
+    art.storage_url = place()
     unlink_unshared(db, replaced)
     db.commit()
     return art
@@ -237,8 +230,8 @@ def _check_held(db: Session, *, run: Run, kind: str, bounds: UploadBounds) -> No
         )
 
 
-def unlink_unshared(db: Session, files: dict[str, Path]) -> None:
-    """Unlink the stored files of these digests that no artifact names any more.
+def unlink_unshared(db: Session, files: dict[str, str]) -> None:
+    """Remove the stored bytes (by digest, their URL) that no artifact names any more.
 
     Call it holding the digests (`lock_digests`) and commit after: an upload of the same
     bytes then either committed its artifact before the check or puts the file back after
@@ -247,9 +240,9 @@ def unlink_unshared(db: Session, files: dict[str, Path]) -> None:
     if not files:
         return
     shared = set(db.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(files))))
-    for digest, path in files.items():
+    for digest, url in files.items():
         if digest not in shared:
-            path.unlink(missing_ok=True)
+            blob_store.delete(url)
 
 
 def delete(db: Session, arts: Iterable[Artifact]) -> int:
@@ -260,7 +253,7 @@ def delete(db: Session, arts: Iterable[Artifact]) -> int:
     arts = list(arts)
     if not arts:
         return 0
-    files = {art.sha256: local_path(art) for art in arts}
+    files = {art.sha256: art.storage_url for art in arts}
     for art in arts:
         db.delete(art)
     db.flush()  # written first: on SQLite this takes the write lock (see lock_digests)
@@ -278,13 +271,6 @@ def get_artifact(db: Session, artifact_id: int) -> Artifact:
     if art is None:
         raise NotFound(f"artifact {artifact_id} does not exist")
     return art
-
-
-def local_path(art: Artifact) -> Path:
-    """The file behind a local `file://` storage URL."""
-    from urllib.parse import unquote, urlparse
-
-    return Path(unquote(urlparse(art.storage_url).path))
 
 
 def sweep_partial_uploads(

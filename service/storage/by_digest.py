@@ -8,14 +8,12 @@ condition that says an experiment uses a digest, and the noun its messages use.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
-from urllib.parse import unquote, urlparse
 
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import IntegrityError
@@ -23,9 +21,9 @@ from sqlalchemy.orm import Session
 
 from service.auth.tokens import GRANTS, Principal, audit
 from service.errors import DigestMismatch, Forbidden, MalformedBody, NotFound
-from service.persistence.file_modes import open_private, private_dir
+from service.persistence.file_modes import private_dir
 from service.persistence.models import CodeBundle, Dataset, Experiment, ModelDefinition, Run, Worker
-from service.storage.artifacts import stored_path, write_hashed
+from service.storage.artifacts import write_hashed
 
 DIGEST = r"^sha256:[0-9a-f]{64}$"
 # What a client may send as the digest: `sha256:<hex>` or the bare hex (as for artifacts).
@@ -75,35 +73,6 @@ async def spool(
             "nothing was stored"
         )
     return tmp, size
-
-
-def move_in(spooled: Path, *, directory: Path, digest: str) -> Path:
-    """Rename a checked spooled file to its digest's place in the store; that place."""
-    final = stored_path(directory, digest)
-    private_dir(final.parent)
-    os.replace(spooled, final)
-    return final
-
-
-def write_in(body: bytes, *, directory: Path, digest: str) -> Path:
-    """Write checked bytes to their digest's place in the store, whole or not at all."""
-    final = stored_path(directory, digest)
-    private_dir(final.parent)
-    tmp = final.parent / f".upload-{secrets.token_hex(8)}.part"
-    try:
-        with os.fdopen(open_private(tmp), "wb") as fh:
-            fh.write(body)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
-
-
-def local_path(row: Dataset | ModelDefinition | CodeBundle) -> Path:
-    """The file behind a stored row's `file://` storage URL."""
-    return Path(unquote(urlparse(row.storage_url).path))
 
 
 @dataclass(frozen=True)

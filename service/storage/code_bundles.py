@@ -20,7 +20,8 @@ from service.auth.tokens import Principal
 from service.config import Settings
 from service.errors import CodeBundleRefused, Conflict, InvalidSpec, MalformedBody
 from service.persistence.models import CodeBundle, Experiment
-from service.storage.by_digest import ByDigest, move_in
+from service.storage.blob_store import BlobStore
+from service.storage.by_digest import ByDigest
 from worker.models.code_bundles import CodeBundleError, inspect_wheel
 
 # A wheel's file name: name-version(-build)?-python-abi-platform.whl, no path.
@@ -73,7 +74,7 @@ def store(
     digest: str,
     name: str,
     filename: str,
-    directory: Path,
+    store: BlobStore,
     settings: Settings,
     actor: Principal,
 ) -> tuple[CodeBundle, bool]:
@@ -97,7 +98,7 @@ def store(
             if "more than" in str(exc):
                 msg += " (REPRO_MAX_CODE_BUNDLE_FILES, REPRO_MAX_CODE_BUNDLE_INFLATED_BYTES)"
             raise CodeBundleRefused(f"{msg}; nothing was stored") from None
-        final = move_in(spooled, directory=directory, digest=digest)
+        url = store.put_file("code", digest, spooled)
         bundle = CodeBundle(
             digest=digest,
             name=name,
@@ -105,7 +106,7 @@ def store(
             wheel_filename=filename,
             files=info.files,
             entry_points=info.entry_points,
-            storage_url=final.resolve().as_uri(),
+            storage_url=url,
             pushed_by_id=actor.token_id,
             pushed_by=actor.name,
         )

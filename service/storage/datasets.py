@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from service.auth.tokens import Principal
 from service.errors import DatasetRefused, InvalidSpec
 from service.persistence.models import Dataset, Experiment
-from service.storage.by_digest import ByDigest, move_in
+from service.storage.blob_store import BlobStore
+from service.storage.by_digest import ByDigest
 from worker.data.dataset_format import (
     ArrayInfo,
     DatasetFormatError,
@@ -48,7 +49,7 @@ def store(
     size: int,
     digest: str,
     name: str,
-    directory: Path,
+    store: BlobStore,
     max_inflated_bytes: int,
     actor: Principal,
 ) -> tuple[Dataset, bool]:
@@ -70,7 +71,7 @@ def store(
             raise DatasetRefused(f"not a dataset this service accepts: {msg}") from None
         except DatasetFormatError as exc:
             raise DatasetRefused(f"not a dataset this service accepts: {exc}") from None
-        final = move_in(spooled, directory=directory, digest=digest)
+        url = store.put_file("datasets", digest, spooled)
         dataset = Dataset(
             digest=digest,
             name=name,
@@ -78,7 +79,7 @@ def store(
             format=info.format,
             samples=info.samples,
             arrays=[_array_record(a) for a in info.arrays],
-            storage_url=final.resolve().as_uri(),
+            storage_url=url,
             pushed_by_id=actor.token_id,
             pushed_by=actor.name,
         )

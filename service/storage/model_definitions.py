@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
 from service.auth.tokens import Principal
 from service.config import Settings
-from service.errors import BodyTooLarge, DigestMismatch, InvalidSpec, ModelDefinitionRefused
+from service.errors import (
+    BodyTooLarge,
+    DigestMismatch,
+    InvalidSpec,
+    ModelDefinitionRefused,
+    ServiceError,
+)
 from service.persistence.models import Experiment, ModelDefinition
-from service.storage import datasets
-from service.storage.by_digest import ByDigest, local_path, write_in
+from service.storage import blob_store, datasets
+from service.storage.by_digest import ByDigest
 from worker.data import arrays_fit
 from worker.data.batch_source import DataInfo
 from worker.errors import SpecError
@@ -55,11 +60,6 @@ STORE = ByDigest(
 )
 find = STORE.find
 get = STORE.get
-
-
-def directory(settings: Settings) -> Path:
-    """Where definitions are stored, named by digest (beside the artifacts)."""
-    return settings.resolved_artifacts_dir / "models"
 
 
 def limits(settings: Settings) -> DefinitionLimits:
@@ -127,7 +127,7 @@ def store(
     if existing is not None:
         return existing, False
     info = check(body, name=name, settings=settings)
-    final = write_in(body, directory=directory(settings), digest=digest)
+    url = blob_store.open_store(settings).put_bytes("models", digest, body)
     definition = ModelDefinition(
         digest=digest,
         name=name,
@@ -136,7 +136,7 @@ def store(
         layer_count=len(info.layers),
         parameter_count=info.parameter_count,
         layers=info.layer_records(),
-        storage_url=final.resolve().as_uri(),
+        storage_url=url,
         pushed_by_id=actor.token_id,
         pushed_by=actor.name,
     )
@@ -177,8 +177,8 @@ def require_usable(db: Session, spec: ExperimentSpec, settings: Settings) -> Mod
         )
         raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}])
     try:
-        data = local_path(definition).read_bytes()
-    except OSError:
+        data = blob_store.read_bytes(definition.storage_url, definition.digest, settings=settings)
+    except (OSError, ServiceError):
         return definition  # unreadable here: the worker checks it again and says why
     try:
         info = read_definition(data)

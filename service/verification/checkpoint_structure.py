@@ -20,8 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import Artifact, Experiment, Run, TracePointRow
-from service.storage import artifacts, datasets, model_definitions
-from service.storage.by_digest import local_path
+from service.storage import blob_store, datasets, model_definitions
 from service.verification import verdicts
 from worker.data import arrays_fit
 from worker.data.batch_source import DataInfo
@@ -90,7 +89,7 @@ def definition_layout(db: Session, spec: ExperimentSpec) -> list[Key] | None:
     if spec.model.definition is None or stored is None:
         return None
     try:
-        data = local_path(stored).read_bytes()
+        data = blob_store.read_bytes(stored.storage_url, stored.digest)
         # Accepted at push under this server's bounds: read again with bounds that admit it.
         limits = DefinitionLimits(
             max_bytes=len(data),
@@ -187,7 +186,8 @@ def _reference_layout(db: Session, run: Run, *, max_bytes: int | None) -> list[K
         return None
     order = list(last.variables)
     try:
-        return npz_layout(artifacts.local_path(npz), order, max_bytes=max_bytes)
+        with blob_store.local_copy(npz.storage_url, npz.sha256, max_bytes=max_bytes) as path:
+            return npz_layout(path, order, max_bytes=max_bytes)
     except (CheckpointError, OSError):  # its checkpoint is gone: nothing to compare with
         return None
 

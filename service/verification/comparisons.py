@@ -27,7 +27,7 @@ from service.persistence.models import (
 )
 from service.runs.experiments import get_run, reported_image
 from service.schemas import ComparisonReport
-from service.storage import artifacts, code_bundles
+from service.storage import blob_store, code_bundles
 from worker import errors as worker_errors
 from worker.compare.verdict import CheckpointReader, RunRecord, build_report
 from worker.record.checkpoint import read_arrays
@@ -116,12 +116,15 @@ def _checkpoint_reader(
                 f"run {run_id} has no trace point for epoch {epoch}"
             )
         try:
-            return read_arrays(artifacts.local_path(npz), list(order), paths, max_bytes=limit)
+            with blob_store.local_copy(npz.storage_url, npz.sha256, max_bytes=limit) as path:
+                return read_arrays(path, list(order), paths, max_bytes=limit)
         except worker_errors.CheckpointRefused as exc:
             message = f"run {run_id}, checkpoint of epoch {epoch}: {exc}"
             if strict:
                 raise worker_errors.CheckpointRefused(message) from exc
             raise worker_errors.CheckpointError(f"refused ({message})") from exc
+        except blob_store.StoredBytesUnreadable as exc:
+            raise worker_errors.CheckpointError(f"run {run_id}, epoch {epoch}: {exc}") from exc
 
     return read_checkpoint
 

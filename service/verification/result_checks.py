@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import Artifact, Run
-from service.storage import artifacts
+from service.storage import blob_store
 from service.verification.checkpoint_structure import structure_differences
 from worker.errors import CheckpointError, CheckpointRefused
 from worker.record.checkpoint import fingerprint_checkpoint
@@ -157,12 +157,12 @@ def verify_result(
             f"fingerprint from the checkpoint of epoch {last.epoch}, and there is none",
         )
     try:
-        computed = fingerprint_checkpoint(
-            artifacts.local_path(npz),
-            list(last.variables),
-            max_bytes=max_checkpoint_bytes,
-            algorithm=algorithm,
-        )
+        with blob_store.local_copy(
+            npz.storage_url, npz.sha256, max_bytes=max_checkpoint_bytes
+        ) as path:
+            computed = fingerprint_checkpoint(
+                path, list(last.variables), max_bytes=max_checkpoint_bytes, algorithm=algorithm
+            )
     except CheckpointRefused as exc:
         return Verification("refused", reported, message=f"final checkpoint refused: {exc}")
     except (CheckpointError, OSError) as exc:
@@ -201,13 +201,12 @@ def _check_structure(
 ) -> Verification:
     """`found`, unless the checkpoint's variable paths, dtypes or shapes are not the run's."""
     try:
-        lines, against = structure_differences(
-            db=db,
-            run_id=run_id,
-            result=result,
-            npz_path=artifacts.local_path(npz),
-            max_bytes=max_checkpoint_bytes,
-        )
+        with blob_store.local_copy(
+            npz.storage_url, npz.sha256, max_bytes=max_checkpoint_bytes
+        ) as path:
+            lines, against = structure_differences(
+                db=db, run_id=run_id, result=result, npz_path=path, max_bytes=max_checkpoint_bytes
+            )
     except (CheckpointError, OSError) as exc:
         return Verification(
             "refused", found.reported, message=f"final checkpoint unreadable: {exc}"

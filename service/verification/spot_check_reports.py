@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from service.persistence.models import Run, SpotCheck, Worker
 from service.runs import resume_points
 from service.runs.experiments import reported_image
-from service.storage import artifacts
+from service.storage import blob_store
 from service.verification.comparisons import record_of
 from service.verification.replay_identity import NO_OTHER_WORKER, identity_that_ran
 from worker.compare.verdict import RunRecord, build_report
@@ -236,12 +236,15 @@ def _stored_state(
         return f"run {run.id} keeps no checkpoint at step {end.step} any more"
     order = list(original.variables_at(named) if original.variables_at else named.variables)
     try:
-        return fingerprint_checkpoint(
-            artifacts.local_path(found.npz),
-            order,
-            max_bytes=max_checkpoint_bytes,
-            algorithm=named.fingerprint.split(":", 1)[0],
-        )
+        with blob_store.local_copy(
+            found.npz.storage_url, found.npz.sha256, max_bytes=max_checkpoint_bytes
+        ) as path:
+            return fingerprint_checkpoint(
+                path,
+                order,
+                max_bytes=max_checkpoint_bytes,
+                algorithm=named.fingerprint.split(":", 1)[0],
+            )
     except (CheckpointRefused, CheckpointError, OSError) as exc:
         return f"run {run.id}'s checkpoint at step {end.step}: {exc}"
 

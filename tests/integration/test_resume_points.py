@@ -20,6 +20,7 @@ from service.persistence.migrate import upgrade
 from service.persistence.models import Artifact, Experiment, Run
 from service.runs import resume_points
 from service.storage import artifacts
+from service.storage.blob_store import LocalStore
 
 STEPS_PER_EPOCH = 10
 
@@ -146,6 +147,7 @@ def test_an_upload_of_the_same_bytes_while_a_prune_removes_them_keeps_its_file(
     body = old.read_bytes()
     staged = tmp_path / ".upload.part"
     staged.write_bytes(body)
+    digest = hashlib.sha256(body).hexdigest()
     engine = db.get_bind()
 
     def upload() -> None:
@@ -156,10 +158,9 @@ def test_an_upload_of_the_same_bytes_while_a_prune_removes_them_keeps_its_file(
                 kind="checkpoint",
                 name="same-bytes.npz",
                 epoch=None,
-                sha256=hashlib.sha256(body).hexdigest(),
+                sha256=digest,
                 size=len(body),
-                staged=staged,
-                directory=tmp_path,
+                place=lambda: LocalStore(tmp_path).put_file("artifacts", digest, staged),
             )
 
     uploader = threading.Thread(target=upload)

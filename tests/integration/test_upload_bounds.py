@@ -21,6 +21,7 @@ from service.persistence.engine import make_engine, make_sessionmaker
 from service.persistence.models import Artifact, Experiment, Run
 from service.runs import resume_points
 from service.storage import artifacts
+from service.storage.blob_store import LocalStore, stored_path
 from tests.integration.jobs import blobs_spec
 from tests.integration.service_procs import Service
 
@@ -183,7 +184,7 @@ def test_a_run_uploading_bytes_another_run_s_finish_prunes_keeps_its_file(
     try:
         with make_sessionmaker(engine)() as db:
             run, other = _run(db), _run(db)
-            orphan = artifacts.stored_path(store, digest)
+            orphan = stored_path(store, digest)
             orphan.parent.mkdir(parents=True)
             orphan.write_bytes(body)
             db.add(
@@ -213,8 +214,7 @@ def test_a_run_uploading_bytes_another_run_s_finish_prunes_keeps_its_file(
                         epoch=None,
                         sha256=digest,
                         size=len(body),
-                        staged=staged,
-                        directory=store,
+                        place=lambda: LocalStore(store).put_file("artifacts", digest, staged),
                         bounds=bounds(held, migrated_settings),
                     )
 

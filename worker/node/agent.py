@@ -194,11 +194,15 @@ class Agent:
             # A server that predates the setting sent progress once a second.
             self.progress_seconds = float(info.get("progress_seconds", 1.0))
             self.courier.heartbeat_seconds = self.heartbeat_seconds
+            self.client.presigned_uploads = bool(info.get("presigned_uploads"))
             log.info(
-                "registered as worker %s (%s), %d device(s) for replicas",
+                "registered as worker %s (%s), %d device(s) for replicas%s",
                 self.worker_id,
                 self.name,
                 int(info.get("devices", 1)),
+                "; files go to the object store by presigned URL"
+                if self.client.presigned_uploads
+                else "",
             )
             return True
         return False

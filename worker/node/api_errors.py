@@ -82,6 +82,16 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+class StoreRefused(ApiError):
+    """The object store refused a presigned request; a new ticket may succeed (an expired
+    URL answers 403), so those are tried again like the API's own 5xx."""
+
+    @property
+    def retryable(self) -> bool:
+        code = self.status_code
+        return code is None or code in (403, 408, 429) or code >= 500
+
+
 def error_from(response: httpx.Response, *, lease: bool) -> ApiError:
     """The error of a non-2xx answer (LeaseLost for a 409 to a report about a held run)."""
     cls = LeaseLost if lease and response.status_code == 409 else ApiError

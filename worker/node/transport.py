@@ -14,7 +14,13 @@ from typing import Any, Self
 
 import httpx
 
-from worker.node.api_errors import ApiError, ApiUnreachable, ArtifactCorrupt, error_from
+from worker.node.api_errors import (
+    ApiError,
+    ApiUnreachable,
+    ArtifactCorrupt,
+    StoreRefused,
+    error_from,
+)
 
 API = "/api/v1"
 _RETRY_STATUSES = frozenset({502, 503, 504})
@@ -50,14 +56,20 @@ class Transport:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.retries = retries
+        # Set from the registration's answer: files go to the object store by presigned URL.
+        self.presigned_uploads = False
         self.backoff = backoff
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
+        # The object store's presigned URLs carry their own signature: requests to them never
+        # carry the API token.
+        self._store = httpx.Client(timeout=timeout, transport=transport)
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
         self._http.close()
+        self._store.close()
 
     def __enter__(self) -> Self:
         return self
@@ -94,12 +106,34 @@ class Transport:
                 if last or not idempotent:
                     raise ApiUnreachable(None, f"{self.base_url}: {exc!r}") from exc
             else:
-                if response.is_success:
+                if response.is_success or (stream and response.status_code == 307):
                     return response
                 response.read()
                 response.close()
                 if not (idempotent and response.status_code in _RETRY_STATUSES and not last):
                     raise error_from(response, lease=lease)
+            time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop always returns/raises
+
+    def _send_to_store(self, build: Callable[[], httpx.Request]) -> httpx.Response:
+        """A request to a presigned URL of the object store, retried like an idempotent one
+        (a PUT of the same bytes to the same object is); ApiError with the store's answer."""
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._store.send(build(), stream=True)
+            except httpx.TransportError as exc:
+                if last:
+                    raise ApiUnreachable(None, f"the object store: {exc!r}") from exc
+            else:
+                if response.is_success:
+                    return response
+                response.read()
+                response.close()
+                if response.status_code not in _RETRY_STATUSES or last:
+                    raise StoreRefused(
+                        response.status_code, f"the object store: {response.text[:300]}"
+                    )
             time.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns/raises
 
@@ -144,6 +178,10 @@ class Transport:
         response = self._send(
             lambda: self._http.build_request("GET", url), idempotent=True, stream=True
         )
+        if response.status_code == 307:  # the bytes are in the object store: a presigned GET
+            response.close()
+            location = response.headers.get("location", "")
+            response = self._send_to_store(lambda: self._store.build_request("GET", location))
         digest = hashlib.sha256()
         try:
             with open(tmp, "wb") as fh:

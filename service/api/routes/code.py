@@ -23,7 +23,7 @@ from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.persistence.models import CodeBundle
 from service.schemas import Page, UtcDatetime
-from service.storage import by_digest, code_bundles
+from service.storage import blob_store, by_digest, code_bundles
 
 router = APIRouter(prefix="/code", tags=["code"], route_class=JsonRoute)
 
@@ -117,7 +117,7 @@ async def push(
             digest=digest,
             name=name,
             filename=filename,
-            directory=directory,
+            store=blob_store.open_store(settings),
             settings=settings,
             actor=principal,
         )
@@ -147,9 +147,13 @@ def show(digest: DigestPath, db: ReadSessionDep, _: ReadAccess) -> CodeBundleDet
 
 
 @router.get("/{digest}/content", response_class=FileResponse, responses=errors(403, 404, 422))
-def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
+def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> Response:
     """The wheel's bytes. Readers may download any; a worker token only those of runs one of
     its workers holds (403 otherwise, stored or not)."""
     bundle = code_bundles.STORE.readable(db, digest, principal)
-    path = by_digest.local_path(bundle)
-    return stored.content_file(path, digest=bundle.digest, filename=bundle.wheel_filename)
+    return stored.content_file(
+        bundle.storage_url,
+        digest=bundle.digest,
+        filename=bundle.wheel_filename,
+        principal=principal,
+    )

@@ -22,7 +22,7 @@ from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.persistence.models import Dataset
 from service.schemas import DatasetDetail, DatasetOut, Page
-from service.storage import by_digest, datasets
+from service.storage import blob_store, by_digest, datasets
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], route_class=JsonRoute)
 
@@ -72,7 +72,7 @@ async def push(
             size=size,
             digest=digest,
             name=name,
-            directory=directory,
+            store=blob_store.open_store(settings),
             max_inflated_bytes=settings.max_dataset_inflated_bytes,
             actor=principal,
         )
@@ -102,12 +102,12 @@ def show(digest: DigestPath, db: ReadSessionDep, _: ReadAccess) -> DatasetDetail
 
 
 @router.get("/{digest}/content", response_class=FileResponse, responses=errors(403, 404, 422))
-def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
+def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> Response:
     """The dataset's bytes (`X-Content-SHA256` says their digest). Readers may download any
     (404 for one not stored); a worker token only those of runs one of its workers holds
     (403 otherwise, stored or not)."""
     dataset = datasets.STORE.readable(db, digest, principal)
     filename = f"{dataset.digest.removeprefix('sha256:')}.{dataset.format}"
     return stored.content_file(
-        by_digest.local_path(dataset), digest=dataset.digest, filename=filename
+        dataset.storage_url, digest=dataset.digest, filename=filename, principal=principal
     )

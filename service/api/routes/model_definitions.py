@@ -92,12 +92,12 @@ def show(digest: DigestPath, db: ReadSessionDep, _: ReadAccess) -> ModelDefiniti
 
 
 @router.get("/{digest}/content", response_class=FileResponse, responses=errors(403, 404, 422))
-def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
+def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> Response:
     """The definition's bytes. Readers may download any (404 for one not stored); a worker
     token only those of runs one of its workers holds (403 otherwise, stored or not)."""
     definition = definitions.STORE.readable(db, digest, principal)
     suffix = "keras" if definition.format == "keras_archive" else "json"
     filename = f"{definition.digest.removeprefix('sha256:')}.{suffix}"
     return stored.content_file(
-        by_digest.local_path(definition), digest=definition.digest, filename=filename
+        definition.storage_url, digest=definition.digest, filename=filename, principal=principal
     )

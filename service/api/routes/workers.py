@@ -32,11 +32,11 @@ from service.auth.tokens import Principal, create_token, revoke
 from service.config import Settings
 from service.errors import CheckpointRefused, Conflict, Forbidden
 from service.metrics import observe_claim
-from service.persistence.models import Run, Worker
+from service.persistence.models import Artifact, Run, Worker
 from service.runs import queue, resume_points
 from service.runs.claim_waits import ClaimWaits
 from service.schemas import MAX_ID, ArtifactOut, RunOut
-from service.storage import artifacts
+from service.storage import artifacts, blob_store
 from service.verification import result_checks as verification
 from service.verification import spot_checks
 from service.worker_schemas import (
@@ -141,6 +141,7 @@ def _registered(worker: Worker, settings: Settings) -> RegisterOut:
         heartbeat_seconds=settings.heartbeat_seconds,
         progress_seconds=settings.progress_seconds,
         devices=worker.devices,
+        presigned_uploads=settings.storage_url.startswith("s3://"),
     )
 
 
@@ -409,15 +410,15 @@ async def upload_artifact(
         db, run=run, kind=kind, name=name, epoch=epoch, bounds=bounds
     )
     db.commit()  # release the row lock before a long upload
-    directory = settings.resolved_artifacts_dir
     staged, size = await artifacts.receive(
         request.stream(),
-        directory=directory,
+        directory=blob_store.spool_directory(settings),
         name=name,
         declared_sha256=digest,
         max_bytes=room,
         what=what,
     )
+    store = blob_store.open_store(settings)
     try:
         run = held()
         art = artifacts.record(
@@ -428,12 +429,17 @@ async def upload_artifact(
             epoch=epoch,
             sha256=digest,
             size=size,
-            staged=staged,
-            directory=directory,
+            place=lambda: store.put_file("artifacts", digest, staged),
             bounds=bounds,
         )
     finally:
         staged.unlink(missing_ok=True)  # moved into place, or refused
+    return after_upload(db, run, art, settings)
+
+
+def after_upload(db: Session, run: Run, art: Artifact, settings: Settings) -> ArtifactOut:
+    """The stored artifact's answer, once superseded step checkpoints are pruned."""
+    kind = art.kind
     out = ArtifactOut.model_validate(art)
     if kind == "checkpoint":
         # Superseded for resuming; a training keeps them for spot checks unless the policy
@@ -441,12 +447,12 @@ async def upload_artifact(
         keep = run.kind == "train" and settings.keep_checkpoints != "final"
         resume_points.prune_step_checkpoints(db, run, keep_complete=keep)
         if keep:
-            resume_points.thin_step_checkpoints(db, run, bounds)
+            resume_points.thin_step_checkpoints(db, run, artifacts.upload_bounds(run, settings))
     return out
 
 
 @router.get("/artifacts/{artifact_id}", response_class=FileResponse, responses=errors(404, 422))
-def download_artifact(artifact_id: IdPath, db: ReadSessionDep, principal: AnyRole) -> FileResponse:
+def download_artifact(artifact_id: IdPath, db: ReadSessionDep, principal: AnyRole) -> Response:
     """The bytes of an artifact (a worker only gets those of runs it holds)."""
     art = artifacts.get_artifact(db, artifact_id)
     if principal.role == "worker":
@@ -454,9 +460,9 @@ def download_artifact(artifact_id: IdPath, db: ReadSessionDep, principal: AnyRol
             raise Forbidden(f"this worker does not hold run {art.run_id} or a re-trace of it")
     else:
         principal.require("read")
-    return FileResponse(
-        artifacts.local_path(art),
-        media_type="application/octet-stream",
-        headers={"X-Content-SHA256": art.sha256},
+    return blob_store.download_response(
+        art.storage_url,
+        sha256=art.sha256,
         filename=art.name,
+        for_worker=principal.role == "worker",
     )
