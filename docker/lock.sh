@@ -13,6 +13,7 @@
 #   cpu.txt    + the docker extra and tensorflow-cpu (the CPU worker image)
 #   gpu.txt    + tensorflow[and-cuda] and the pinned CUDA 12.5 / cuDNN 9.3 wheels
 #   build.txt  setuptools and wheel, to build the project's wheel in the image
+#   s3.txt     SeaweedFS's wheel, for the compose stack's object store (docker/s3.Dockerfile)
 # Needs `uv` on PATH (pip install uv; the project's `deploy` extra has it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,3 +38,4 @@ compile api.txt pyproject.toml
 compile cpu.txt pyproject.toml --extra docker docker/locks/cpu.in
 compile gpu.txt pyproject.toml --extra docker docker/locks/gpu.in
 compile build.txt docker/locks/build.in
+compile s3.txt docker/locks/s3.in

@@ -46,7 +46,7 @@ write_env_once() {
     [[ -S /var/run/docker.sock ]] && gid="$(stat -c %g /var/run/docker.sock)"
     if [[ ! -f "$env_file" ]]; then
         (umask 077 && : >"$env_file")
-        say "wrote $env_file: keep it, it holds the database password"
+        say "wrote $env_file: keep it, it holds the database password and the store's key"
     fi
     chmod 600 "$env_file"  # owner-only, also when the operator wrote it first
     # Only what is missing is added; nothing already there is changed.
@@ -57,6 +57,9 @@ write_env_once() {
             # hand before) is kept rather than replaced.
             echo "REPRO_POSTGRES_PASSWORD=${REPRO_POSTGRES_PASSWORD:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')}"
         fi
+        # The object store's secret key, between the API and the store only.
+        [[ -n "$(setting REPRO_S3_SECRET_KEY)" ]] ||
+            echo "REPRO_S3_SECRET_KEY=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
         [[ -n "$(setting REPRO_DOCKER_GID)" ]] || echo "REPRO_DOCKER_GID=$gid"
         [[ -n "$(setting COMPOSE_FILE)" ]] || echo "COMPOSE_FILE=$files"
         [[ -n "$(setting COMPOSE_PROJECT_NAME)" ]] || echo "COMPOSE_PROJECT_NAME=reprotrain"

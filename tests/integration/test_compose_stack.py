@@ -1,15 +1,18 @@
 """The one-box compose stack, started for real from the locally built images.
 
-PostgreSQL, the migration step, the API and a worker with the Docker executor (each job in
-a fresh container of the CPU worker image) come up from deploy/compose/compose.yaml through
-deploy/compose/stack.sh, without a terminal: its settings file gets a generated database
-password once and keeps it; a password exported over it is refused; a submitted spec and its
-rerun end `identical`, the image the engine ran is recorded as the run's image; `down
---volumes` then leaves no container, volume, network or workspace file behind.
+PostgreSQL, the object store, the migration step, the API and a worker with the Docker
+executor (each job in a fresh container of the CPU worker image) come up from
+deploy/compose/compose.yaml through deploy/compose/stack.sh, without a terminal: its settings
+file gets a generated database password and store key once and keeps them; a password
+exported over it is refused; a submitted spec and its rerun end `identical`, their files in
+the object store and none in the API's volume; the image the engine ran is recorded as the
+run's image; `down --volumes` then leaves no container, volume, network or workspace file
+behind.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -35,6 +38,7 @@ IMAGES = {
     "api": f"reprotrain-api:{VERSION}",
     "worker": f"reprotrain-worker-cpu:{VERSION}",
     "postgres": "reprotrain-postgres:15",
+    "s3": "reprotrain-s3:4.48",
 }
 SOCKET = Path("/var/run/docker.sock")
 RUN_TIMEOUT = 600.0  # one small training job, in a container, on a shared 2-core machine
@@ -135,13 +139,15 @@ def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
     engine: Any, workspace: Path, tmp_path: Path
 ) -> None:
     project = f"reprotrain-test-{secrets.token_hex(4)}"
-    port = free_port()
+    port, s3_port = free_port(), free_port()
     # The operator's own settings; stack.sh adds the password, the socket's group, the files.
     env_file = tmp_path / "stack.env"
     env_file.write_text(
         f"COMPOSE_PROJECT_NAME={project}\nREPRO_API_PORT={port}\nREPRO_WORKSPACE={workspace}\n"
         f"REPRO_API_IMAGE={IMAGES['api']}\nREPRO_WORKER_IMAGE={IMAGES['worker']}\n"
         f"REPRO_JOB_IMAGE={IMAGES['worker']}\nREPRO_POSTGRES_IMAGE={IMAGES['postgres']}\n"
+        f"REPRO_S3_IMAGE={IMAGES['s3']}\nREPRO_S3_PORT={s3_port}\n"
+        f"REPRO_S3_PUBLIC_URL=http://127.0.0.1:{s3_port}\n"
     )
     env = {**os.environ, "REPRO_COMPOSE_ENV_FILE": str(env_file)}
     for name in ("REPRO_EXECUTOR", "REPRO_WORKER_ARGS", "REPRO_POSTGRES_PASSWORD"):
@@ -155,6 +161,7 @@ def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
         written = _settings(env_file)
         password = written["REPRO_POSTGRES_PASSWORD"]
         assert re.fullmatch(r"[0-9a-f]{32}", password)  # URL-safe as it is
+        assert re.fullmatch(r"[0-9a-f]{32}", written["REPRO_S3_SECRET_KEY"])
         assert written["COMPOSE_PROJECT_NAME"] == project and written["REPRO_API_PORT"] == str(port)
         assert env_file.stat().st_mode & 0o077 == 0
         want_gid = str(SOCKET.stat().st_gid) if SOCKET.exists() else "0"
@@ -190,6 +197,20 @@ def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
         assert second["status"] == "succeeded", (second.get("error"), stack("logs").stdout)
         assert second["verdict"] == "identical"
         assert second["final_fingerprint"] == first["final_fingerprint"]
+        # The weights went to the object store, by presigned URL; a download from the host
+        # is sent to the store's published port, and the bytes are the recorded ones.
+        assert "object store by presigned URL" in stack("logs", "worker").stdout
+        assert not stack(
+            "exec", "-T", "api", "find", "/var/lib/reprotrain", "-name", "*.npz"
+        ).stdout
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=30) as api:
+            arts = api.get(f"/api/v1/runs/{first['id']}/artifacts").json()
+            npz = next(a for a in arts if a["name"].endswith(".npz"))
+            sent = api.get(f"/api/v1/artifacts/{npz['id']}")
+        assert sent.status_code == 307
+        assert sent.headers["location"].startswith(f"http://127.0.0.1:{s3_port}/reprotrain/")
+        got = httpx.get(sent.headers["location"], timeout=30)
+        assert hashlib.sha256(got.content).hexdigest() == npz["sha256"]
         # The image identity the engine ran is provenance, for both runs.
         assert first["provenance"]["image"]["id"] == worker_image_id
         assert second["provenance"]["image"]["id"] == worker_image_id

@@ -269,12 +269,24 @@ def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
     }
     assert secret_refs == {
         ("api", "REPRO_DATABASE_URL"): "reprotrain-database",
+        # The API keeps files in an external object store, and no volume of its own.
+        ("api", "REPRO_STORAGE_URL"): "reprotrain-object-store",
+        ("api", "REPRO_S3_ENDPOINT_URL"): "reprotrain-object-store",
+        ("api", "AWS_ACCESS_KEY_ID"): "reprotrain-object-store",
+        ("api", "AWS_SECRET_ACCESS_KEY"): "reprotrain-object-store",
+        ("api", "AWS_DEFAULT_REGION"): "reprotrain-object-store",
+        ("api", "REPRO_DASHBOARD_SECRET"): "reprotrain-api-keys",
+        ("api", "REPRO_PROVENANCE_KEY"): "reprotrain-api-keys",
         ("migrate", "REPRO_DATABASE_URL"): "reprotrain-database",
         # Workers hold a worker token, never the database's credentials.
         ("worker", "REPRO_TOKEN"): "reprotrain-worker-token",
     }
     # Created by the operator, never kept (with a placeholder) in the repository.
     assert not [o for o in objects if o["kind"] == "Secret"]
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    deployment = _one(objects, "Deployment", "reprotrain-api")["spec"]
+    assert deployment["strategy"]["type"] == "RollingUpdate"
+    assert deployment["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     job = _one(objects, "Job", "reprotrain-migrate")
     migrate = job["spec"]["template"]["spec"]
     assert migrate["containers"][0]["args"] == ["db", "upgrade"]
@@ -354,7 +366,12 @@ def test_deploy_yaml_is_lint_clean() -> None:
 
 def test_dockerfiles_are_hadolint_clean() -> None:
     dockerfiles = sorted(DOCKER.glob("*Dockerfile"))
-    assert {f.name for f in dockerfiles} == {"Dockerfile", "postgres.Dockerfile", "user.Dockerfile"}
+    assert {f.name for f in dockerfiles} == {
+        "Dockerfile",
+        "postgres.Dockerfile",
+        "s3.Dockerfile",
+        "user.Dockerfile",
+    }
     out = _run(_tool("hadolint"), *map(str, dockerfiles))
     assert out.returncode == 0, out.stdout + out.stderr
     for f in dockerfiles:
@@ -374,7 +391,7 @@ def _lock(name: str) -> dict[str, tuple[str, list[str]]]:
     return pins
 
 
-@pytest.mark.parametrize("name", ["api", "cpu", "gpu", "build"])
+@pytest.mark.parametrize("name", ["api", "cpu", "gpu", "build", "s3"])
 def test_every_locked_requirement_has_hashes(name: str) -> None:
     pins = _lock(name)
     assert pins
