@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 
 from starlette.responses import FileResponse, Response
 
-from service.config import Settings, get_settings
+from service.config import Settings
 from service.errors import ServiceError
 from service.persistence.file_modes import open_private, private_dir
 
@@ -121,9 +121,9 @@ def local_copy(
         return
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from service.storage.s3_store import s3_store
+    from service.storage.s3_store import store_of
 
-    store = s3_store(settings or get_settings())
+    store = store_of(url, settings)
     tmp = private_dir(store.scratch) / f".read-{secrets.token_hex(8)}"
     try:
         try:
@@ -146,9 +146,9 @@ def delete(url: str, *, settings: Settings | None = None) -> None:
     if _is_local(url):
         file_of(url).unlink(missing_ok=True)
         return
-    from service.storage.s3_store import s3_store
+    from service.storage.s3_store import store_of
 
-    s3_store(settings or get_settings()).delete(url)
+    store_of(url, settings).delete(url)
 
 
 def download_response(
@@ -170,8 +170,8 @@ def download_response(
             headers=headers,
             filename=filename,
         )
-    from service.storage.s3_store import s3_store
+    from service.storage.s3_store import store_of
 
-    store = s3_store(settings or get_settings())
+    store = store_of(url, settings)
     location = store.presigned_get(url, filename=filename, for_worker=for_worker)
     return Response(status_code=307, headers={**headers, "Location": location})

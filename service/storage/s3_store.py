@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
-from service.config import Settings
+from service.config import Settings, get_settings
 from service.errors import BodyTooLarge, DigestMismatch, NotFound, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -313,4 +313,18 @@ def s3_store(settings: Settings) -> S3Store:
         store = _stores.get(key)
         if store is None:
             store = _stores[key] = S3Store(settings)
+            _by_bucket[store.bucket] = store
         return store
+
+
+_by_bucket: dict[str, S3Store] = {}
+
+
+def store_of(url: str, settings: Settings | None = None) -> S3Store:
+    """The store holding an `s3://` URL: the one `settings` name, else the one this process
+    opened for its bucket (the app's, at start), else the process-wide settings'."""
+    if settings is not None:
+        return s3_store(settings)
+    with _stores_lock:
+        found = _by_bucket.get(urlparse(url).netloc)
+    return found if found is not None else s3_store(get_settings())

@@ -134,9 +134,15 @@ def test_the_api_keeps_bytes_in_the_store_and_workers_bypass_it(
     store_settings: Settings,
     s3_server: S3Server,
     request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     url = request.getfixturevalue("postgres_url") if database == "postgresql" else ""
     settings = store_settings.model_copy(update={"database_url": url})
+    # The app's own settings name the store, whatever the process-wide ones say (a server
+    # started with command-line settings, or an earlier test's in this process).
+    elsewhere = Settings(data_dir=tmp_path / "other", storage_url="", s3_endpoint_url=None)
+    monkeypatch.setattr("service.storage.s3_store.get_settings", lambda: elsewhere)
     upgrade(settings.resolved_database_url)
     roles: dict[str, Role] = {"admin": "admin", "worker": "worker"}
     prefix = settings.storage_url.removeprefix(f"s3://{BUCKET}/")
