@@ -56,7 +56,9 @@ def install_dashboard(app: FastAPI, settings: Settings) -> None:
 
 def issue_login_url(app: FastAPI, base_url: str, token: str) -> str:
     """A one-time, short-lived login URL standing for `token` (for the embedded server)."""
-    from service.dashboard.session import Sessions
+    from service.auth.tokens import verify
+    from service.dashboard.session import issue_code
 
-    sessions: Sessions = app.state.dashboard_sessions
-    return f"{base_url}/login?code={sessions.codes.issue(token)}"
+    with app.state.sessionmaker() as db:
+        code = issue_code(db, verify(db, token).token_id)
+    return f"{base_url}/login?code={code}"

@@ -12,7 +12,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import SessionDep
-from service.auth import tokens as auth
 from service.auth.tokens import Principal
 from service.dashboard.session import (
     LOGIN_COOKIE,
@@ -20,6 +19,7 @@ from service.dashboard.session import (
     LoginRequired,
     Sessions,
     read_form,
+    redeem_code,
     safe_next,
     sessions_of,
     verify_login,
@@ -86,12 +86,9 @@ def login_page(
     """The login form; with a one-time `code` of the embedded server, a session at once."""
     sessions = sessions_of(request)
     if code is not None:
-        token = sessions.codes.redeem(code)
-        if token is not None:
-            try:
-                return _start_session(request, auth.verify(db, token), next)
-            except Unauthorized:
-                pass
+        principal = redeem_code(db, code)
+        if principal is not None:
+            return _start_session(request, principal, next)
         message = "That login link was already used or has expired. Log in with a token."
         return _login_form(request, sessions, next, message, 401)
     return _login_form(request, sessions, next, None, 200)

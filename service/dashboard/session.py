@@ -1,4 +1,5 @@
-"""Dashboard sessions: a signed cookie naming a token, CSRF tokens, one-time login codes.
+"""Dashboard sessions: a signed cookie naming a token, CSRF tokens, one-time login codes
+(in the database, so that any API process takes them).
 
 The cookie carries the token's id and a random nonce, signed (itsdangerous) with the
 dashboard secret; the token row is looked up on every request, so revoking or expiring
@@ -11,21 +12,22 @@ import hashlib
 import hmac
 import os
 import secrets
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, quote
 
 from fastapi import Request
 from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from service.auth import tokens as auth
 from service.auth.tokens import Principal
 from service.config import Settings
 from service.errors import BodyTooLarge, Forbidden, MalformedBody, ServiceError, Unauthorized
-from service.persistence.models import ApiToken, utcnow
+from service.persistence.models import ApiToken, LoginCode, utcnow
 
 SECRET_FILE = "dashboard-secret"
 SESSION_COOKIE = "repro_session"
@@ -68,27 +70,52 @@ def _read_secret(path: Path) -> bytes:
     raise RuntimeError(f"{path} is empty; delete it to create a new dashboard secret")
 
 
-@dataclass
-class LoginCodes:
-    """One-time login codes of the embedded server: each opens one session, once."""
+def _code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
 
-    _codes: dict[str, tuple[str, float]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def issue(self, token: str, seconds: float = LOGIN_CODE_SECONDS) -> str:
-        """A new code standing for `token` until used or `seconds` have passed."""
-        code = secrets.token_urlsafe(24)
-        with self._lock:
-            self._codes[code] = (token, time.monotonic() + seconds)
-        return code
+def issue_code(db: Session, token_id: int, seconds: float = LOGIN_CODE_SECONDS) -> str:
+    """A new one-time login code standing for the token until used or `seconds` have
+    passed; kept (hashed) in the database, so any API process redeems it. Commits."""
+    now = utcnow()
+    db.execute(delete(LoginCode).where(LoginCode.expires_at <= now))  # the expired go
+    code = secrets.token_urlsafe(24)
+    db.add(
+        LoginCode(
+            code_hash=_code_hash(code),
+            token_id=token_id,
+            expires_at=now + timedelta(seconds=seconds),
+        )
+    )
+    db.commit()
+    return code
 
-    def redeem(self, code: str) -> str | None:
-        """The token of a valid code, which stops working; None otherwise."""
-        with self._lock:
-            found = self._codes.pop(code, None)
-        if found is None or found[1] < time.monotonic():
-            return None
-        return found[0]
+
+def redeem_code(db: Session, code: str) -> Principal | None:
+    """Who a valid code logs in as; the code stops working. None for a used, expired or
+    unknown code, or one whose token is no longer valid. Commits."""
+    found = db.execute(
+        delete(LoginCode)
+        .where(LoginCode.code_hash == _code_hash(code))
+        .returning(LoginCode.token_id, LoginCode.expires_at)
+    ).first()
+    db.commit()
+    if found is None or found.expires_at <= utcnow():
+        return None
+    return live_principal(db, found.token_id)
+
+
+def live_principal(db: Session, token_id: int) -> Principal | None:
+    """The principal of a token that is neither revoked nor expired and may read."""
+    row = db.get(ApiToken, token_id)
+    if (
+        row is None
+        or row.revoked_at is not None
+        or (row.expires_at is not None and row.expires_at <= utcnow())
+        or row.role not in auth.GRANTS["read"]
+    ):
+        return None
+    return Principal(token_id=row.id, name=row.name, role=row.role)
 
 
 @dataclass(frozen=True)
@@ -110,7 +137,6 @@ class Sessions:
         self._secret = secret
         self._serializer = URLSafeTimedSerializer(secret, salt="repro-dashboard-session")
         self.max_age = int(max_age_seconds)
-        self.codes = LoginCodes()
 
     def mac(self, purpose: str, value: str) -> str:
         return hmac.new(self._secret, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
@@ -129,16 +155,9 @@ class Sessions:
             token_id, nonce = int(data["t"]), str(data["n"])
         except (BadSignature, KeyError, TypeError, ValueError):
             raise LoginRequired("the session is invalid or expired; log in again") from None
-        row = db.get(ApiToken, token_id)
-        now = utcnow()
-        if (
-            row is None
-            or row.revoked_at is not None
-            or (row.expires_at is not None and row.expires_at <= now)
-            or row.role not in auth.GRANTS["read"]
-        ):
+        principal = live_principal(db, token_id)
+        if principal is None:
             raise LoginRequired("the session's token is no longer valid; log in again")
-        principal = Principal(token_id=row.id, name=row.name, role=row.role)
         return Viewer(principal=principal, csrf=self.mac("csrf", nonce))
 
     def check_csrf(self, viewer: Viewer, form: dict[str, str]) -> None:

@@ -73,6 +73,17 @@ class ApiToken(Base):
     queue_turn_at: Mapped[datetime | None]
 
 
+class LoginCode(Base):
+    """A one-time dashboard login code (only its hash), the token it logs in as, and until
+    when: in the database, so that any API process redeems a code another one issued."""
+
+    __tablename__ = "login_codes"
+
+    code_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"))
+    expires_at: Mapped[datetime]
+
+
 class AuditEvent(Base):
     """Who did what to which resource, and when."""
 
