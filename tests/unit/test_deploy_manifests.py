@@ -241,11 +241,16 @@ def test_workers_reach_only_the_api(overlay: tuple[str, str]) -> None:
     assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
     workers = _one(objects, "NetworkPolicy", "reprotrain-workers")["spec"]
     assert workers["ingress"] == []
-    to_api, dns = workers["egress"]
+    to_api, dns, to_store = workers["egress"]
     assert to_api["to"] == [
         {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "reprotrain-api"}}}
     ]
     assert {p["port"] for p in dns["ports"]} == {53}
+    # The object store by one address only (presigned URLs), the same the API reaches.
+    (store,) = to_store["to"]
+    assert set(store) == {"ipBlock"} and store["ipBlock"]["cidr"].endswith("/32")
+    api_egress = _one(objects, "NetworkPolicy", "reprotrain-api")["spec"]["egress"]
+    assert to_store in api_egress
     pool = _one(objects, "StatefulSet", f"reprotrain-worker-{overlay[0]}")
     labels = pool["spec"]["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/component"] == "worker"
@@ -285,8 +290,12 @@ def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
     assert not [o for o in objects if o["kind"] == "Secret"]
     assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
     deployment = _one(objects, "Deployment", "reprotrain-api")["spec"]
+    assert deployment["replicas"] == 2
     assert deployment["strategy"]["type"] == "RollingUpdate"
     assert deployment["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budget = _one(objects, "PodDisruptionBudget", "reprotrain-api")["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"] == deployment["selector"]["matchLabels"]
     job = _one(objects, "Job", "reprotrain-migrate")
     migrate = job["spec"]["template"]["spec"]
     assert migrate["containers"][0]["args"] == ["db", "upgrade"]
