@@ -61,6 +61,12 @@ def scenario(settings: Settings, body: Scenario) -> None:
             worker = await clients["worker"].post("/api/v1/workers/register", json={"name": "w"})
             path = f"/api/v1/workers/{worker.json()['id']}/claim"
             await body(app, clients["submitter"], clients["worker"], path)
+            # A request answered early (the server stopping) closes its database session
+            # just after its answer: let it, or the connection outlives the app's engine.
+            for _ in range(500):
+                if app.state.engine.pool.checkedout() == 0:
+                    break
+                await asyncio.sleep(0.01)
         finally:
             for client in clients.values():
                 await client.aclose()
