@@ -27,10 +27,6 @@ from service.config import Settings
 from service.errors import ServiceError
 from service.persistence.file_modes import open_private, private_dir
 
-# The spaces of the store; the local backend keeps artifacts at its root (where they have
-# always been) and the others in a folder of their name.
-SPACES = ("artifacts", "datasets", "models", "code")
-
 
 class BlobStore(Protocol):
     """A content-addressed store of verified bytes."""
@@ -55,7 +51,8 @@ class LocalStore:
         self.root = root
 
     def directory(self, space: str) -> Path:
-        """The folder of one space."""
+        """The folder of one space (artifacts, datasets, models, code): artifacts at the root,
+        where they have always been, the others in a folder of their name."""
         return self.root if space == "artifacts" else self.root / space
 
     def put_file(self, space: str, hexdigest: str, path: Path) -> str:
