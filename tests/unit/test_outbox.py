@@ -156,6 +156,18 @@ class World:
         got: dict[str, Any] = self.api.get(f"/api/v1/runs/{self.run_id}").json()
         return got
 
+    def complete_report(self, uploads: list[dict[str, Any]]) -> Report:
+        """A failed run's result, with files kept beside it to upload first."""
+        return Report(
+            kind="complete",
+            run_id=self.run_id,
+            worker_id=self.worker_id,
+            body={
+                "result": {"status": "failed", "error": {"type": "E", "message": "m"}},
+                "uploads": uploads,
+            },
+        )
+
     def fail_report(self, worker_id: int | None = None) -> Report:
         return Report(
             kind="fail",
@@ -166,8 +178,13 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    settings = Settings(data_dir=tmp_path / "data", database_url="", lease_seconds=30)
+def lease_seconds() -> float:
+    return 30.0
+
+
+@pytest.fixture
+def world(tmp_path: Path, lease_seconds: float) -> Iterator[World]:
+    settings = Settings(data_dir=tmp_path / "data", database_url="", lease_seconds=lease_seconds)
     upgrade(settings.resolved_database_url)
     app = create_app(settings)
     with app.state.sessionmaker() as db:
@@ -309,22 +326,63 @@ def test_a_checkpoint_kept_beside_the_report_is_uploaded_before_it(world: World)
     files.mkdir(parents=True)
     (files / "epoch-000003.npz").write_bytes(b"arrays")
     (files / "epoch-000003.json").write_text('{"epoch": 3}')
-    report = Report(
-        kind="complete",
-        run_id=world.run_id,
-        worker_id=world.worker_id,
-        body={
-            "result": {"status": "failed", "error": {"type": "E", "message": "m"}},
-            "uploads": [
-                {"file": "epoch-000003.npz", "epoch": 3},
-                {"file": "epoch-000003.json", "epoch": 3},
-            ],
-        },
+    report = world.complete_report(
+        [{"file": "epoch-000003.npz", "epoch": 3}, {"file": "epoch-000003.json", "epoch": 3}]
     )
     world.network.faults["/artifacts"] = [unavailable, dropped]
     with world.client() as client:
         assert world.courier(client).deliver(report) == "accepted"
     sent = [path.rsplit("/", 1)[-1] for path, _, code in world.network.seen if code is not None]
+    sent = [name for name in sent if name != "heartbeat"]
     assert sent[-3:] == ["artifacts", "artifacts", "complete"]
     assert world.run()["checkpoint_epoch"] == 3 and world.run()["status"] == "failed"
     assert not files.exists() and world.outbox.pending() == []
+
+
+@pytest.mark.parametrize("lease_seconds", [1.0])
+def test_the_lease_holds_while_a_delivery_outlasts_it(world: World, lease_seconds: float) -> None:
+    # Eight checkpoints kept through an outage, each upload taking half the lease: the
+    # delivery takes four leases. Another worker asks for work all the while; the run must
+    # stay with its holder, and its result and every checkpoint must be taken.
+    files = world.outbox.files_dir(world.run_id)
+    files.mkdir(parents=True)
+    uploads = []
+    for epoch in range(1, 9):
+        (files / f"epoch-{epoch:06d}.npz").write_bytes(b"arrays")
+        uploads.append({"file": f"epoch-{epoch:06d}.npz", "epoch": epoch})
+    report = world.complete_report(uploads)
+
+    def slow_uploads(request: httpx.Request) -> None:
+        if request.url.path.endswith("/artifacts"):
+            time.sleep(lease_seconds / 2)
+
+    world.network.on_request = slow_uploads
+    taken: list[dict[str, Any] | None] = []
+    delivering = threading.Event()
+
+    def rival() -> None:
+        with ApiClient("http://api.test", world.worker_token, transport=world.network) as client:
+            other = client.register(
+                "rival", executors=["process"], images=[], gpu=None, hostname="node"
+            )
+            while delivering.is_set():
+                taken.append(client.claim(other["id"]))
+                time.sleep(0.1)
+
+    delivering.set()
+    asker = threading.Thread(target=rival)
+    asker.start()
+    try:
+        with world.client() as client:
+            courier = Courier(
+                client, world.outbox, stop=threading.Event(), heartbeat_seconds=lease_seconds / 4
+            )
+            assert courier.deliver(report) == "accepted"
+    finally:
+        delivering.clear()
+        asker.join()
+    assert taken and not any(taken)  # the rival was never given the run
+    done = world.run()
+    assert done["status"] == "failed" and done["attempt"] == 1
+    assert len(world.network.times("/artifacts", status=201)) == 8  # each taken as the holder's
+    assert world.outbox.pending() == []

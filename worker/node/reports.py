@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import threading
-import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -146,8 +146,9 @@ class Outbox:
 class Courier:
     """Delivers reports through the outbox, retrying until the API takes or refuses them.
 
-    While a report waits it keeps the run's lease with heartbeats as the worker that holds
-    it, so an API that is briefly down or busy costs nothing but time.
+    While a report is on its way (its files uploading, the API away or busy) a thread keeps
+    the run's lease with heartbeats as the worker that holds it, so a slow delivery costs
+    nothing but time.
     """
 
     def __init__(
@@ -175,8 +176,11 @@ class Courier:
         """
         if not stored:
             self.outbox.put(report)
+        with self._keeping_lease(report):
+            return self._send_until_answered(report)
+
+    def _send_until_answered(self, report: Report) -> Outcome:
         delay = self.first_backoff
-        beat = time.monotonic() + self.heartbeat_seconds
         while True:
             try:
                 report = self._upload_files(report)
@@ -206,7 +210,7 @@ class Courier:
                     exc,
                     wait,
                 )
-                beat = self._pause(report, wait, beat)
+                self.stop.wait(wait)
                 delay = min(delay * 2, self.max_backoff)
                 continue
             self.outbox.remove(report)
@@ -291,21 +295,30 @@ class Courier:
         )
         self.outbox.remove(report)
 
-    def _pause(self, report: Report, seconds: float, beat: float) -> float:
-        """Wait `seconds` (less if stopping), heartbeating the run as its holder when `beat`
-        comes; returns when the next heartbeat is due."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            if time.monotonic() >= beat:
-                beat = time.monotonic() + self.heartbeat_seconds
+    @contextlib.contextmanager
+    def _keeping_lease(self, report: Report) -> Iterator[None]:
+        """Heartbeats for the run, as the worker that holds it, once a heartbeat period for
+        as long as the report is on its way: uploading its files (a long outage leaves many)
+        and sending it can take longer than a lease, and a lapsed lease lets another worker
+        take the run while its result is being delivered."""
+        done = threading.Event()
+
+        def keep() -> None:
+            while not done.wait(self.heartbeat_seconds):
                 try:
                     self.client.heartbeat(
                         report.run_id, report.worker_id, None, attempt=report.attempt
                     )
                 except LeaseLost:
-                    break  # the report itself now gets the definitive answer
-                except ApiError as exc:  # 429/5xx: the server keeps the lease a while anyway
-                    log.debug("run %s: heartbeat while waiting failed: %s", report.run_id, exc)
-            if self.stop.wait(min(left, max(beat - time.monotonic(), 0.01))):
-                break
-        return beat
+                    return  # the report itself gets the definitive answer
+                except ApiError as exc:  # 429/5xx, away: the server keeps the lease a while
+                    log.debug("run %s: heartbeat while delivering failed: %s", report.run_id, exc)
+                except Exception:  # never let a bug end the heartbeats silently
+                    log.exception("run %s: heartbeat while delivering failed", report.run_id)
+
+        keeper = threading.Thread(target=keep, name=f"lease-{report.run_id}", daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            done.set()  # a heartbeat still on its way finds the run reported: refused, ignored
