@@ -6,7 +6,7 @@
 # an apt source offers it (Docker's own repository; Debian bookworm's has v1 only, and
 # deploy/compose/stack.sh runs either) and debootstrap when missing, starts
 # dockerd when no engine answers, makes the Debian base image once (no registry is needed:
-# debootstrap + `docker import`), then builds the CPU worker, API, PostgreSQL and S3 images
+# debootstrap + `docker import`), then builds the CPU worker, API, PostgreSQL, S3 and proxy images
 # through docker/build.sh (the build cache makes a repeat cheap). Not root: does nothing
 # and the Docker tests skip (and fail under CI=true).
 set -euo pipefail
@@ -92,5 +92,5 @@ if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     say "made the base image $BASE_IMAGE with debootstrap ($((SECONDS - start)) s so far)"
 fi
 
-bash docker/build.sh --base "$BASE_IMAGE" cpu api postgres s3
+bash docker/build.sh --base "$BASE_IMAGE" cpu api postgres s3 proxy
 say "done in $((SECONDS - start)) s"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build Reprotrain's images from docker/ (the build context is the repository root).
 #
-#     docker/build.sh --base IMAGE [api] [cpu] [gpu] [postgres] [s3]     (default: api cpu)
+#     docker/build.sh --base IMAGE [api] [cpu] [gpu] [postgres] [s3] [proxy] (default: api cpu)
 #     docker/build.sh user --requirements FILE [--from IMAGE] [--tag NAME:TAG]
 #
 #   api       reprotrain-api:VERSION         the API server, no TensorFlow
@@ -9,6 +9,7 @@
 #   gpu       reprotrain-worker-gpu:VERSION  worker + tensorflow and the CUDA 12.5 / cuDNN 9.3 wheels
 #   postgres  reprotrain-postgres:15         Debian's PostgreSQL 15 (for the compose stack)
 #   s3        reprotrain-s3:4.48             SeaweedFS's S3-compatible store (for the compose stack)
+#   proxy     reprotrain-proxy:2.6           HAProxy in front of the API replicas (compose stack)
 #   user      reprotrain-worker-user:LOCK    a derived worker image (docker/user.Dockerfile):
 #             --from IMAGE (default reprotrain-worker-cpu:VERSION) plus the packages of FILE,
 #             a hashed lock installed with pip --require-hashes --no-deps; tagged with the
@@ -35,8 +36,8 @@ while (($#)); do
         --requirements) requirements="$2"; shift 2 ;;
         --from) from_image="$2"; shift 2 ;;
         --tag) user_tag="$2"; shift 2 ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
-        api | cpu | gpu | postgres | s3 | user) targets+=("$1"); shift ;;
+        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+        api | cpu | gpu | postgres | s3 | proxy | user) targets+=("$1"); shift ;;
         *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -123,6 +124,7 @@ build_target() {
         gpu) build "reprotrain-worker-gpu:$version" docker/Dockerfile --target worker --build-arg LOCK=gpu ;;
         postgres) build "reprotrain-postgres:15" docker/postgres.Dockerfile ;;
         s3) build "reprotrain-s3:4.48" docker/s3.Dockerfile ;;
+        proxy) build "reprotrain-proxy:2.6" docker/proxy.Dockerfile ;;
     esac
 }
 

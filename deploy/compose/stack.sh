@@ -131,7 +131,7 @@ case "${1:-}" in
         ;;
     admin-token)
         check_password
-        run_compose exec -T api cat /var/lib/reprotrain/admin-token
+        run_compose exec -T api-1 cat /var/lib/reprotrain/admin-token
         ;;
     down)
         check_password

@@ -1,13 +1,13 @@
 """The one-box compose stack, started for real from the locally built images.
 
-PostgreSQL, the object store, the migration step, the API and a worker with the Docker
-executor (each job in a fresh container of the CPU worker image) come up from
-deploy/compose/compose.yaml through deploy/compose/stack.sh, without a terminal: its settings
-file gets a generated database password and store key once and keeps them; a password
-exported over it is refused; a submitted spec and its rerun end `identical`, their files in
-the object store and none in the API's volume; the image the engine ran is recorded as the
-run's image; `down --volumes` then leaves no container, volume, network or workspace file
-behind.
+PostgreSQL, the object store, the migration step, two API replicas behind a proxy on one
+port and a worker with the Docker executor (each job in a fresh container of the CPU worker
+image) come up from deploy/compose/compose.yaml through deploy/compose/stack.sh, without a
+terminal: its settings file gets a generated database password and store key once and keeps
+them; a password exported over it is refused; a submitted spec and its rerun (asked and
+trained with one replica stopped) end `identical`, their files in the object store and none
+in the API's volume; the image the engine ran is recorded as the run's image;
+`down --volumes` then leaves no container, volume, network or workspace file behind.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ IMAGES = {
     "worker": f"reprotrain-worker-cpu:{VERSION}",
     "postgres": "reprotrain-postgres:15",
     "s3": "reprotrain-s3:4.48",
+    "proxy": "reprotrain-proxy:2.6",
 }
 SOCKET = Path("/var/run/docker.sock")
 RUN_TIMEOUT = 600.0  # one small training job, in a container, on a shared 2-core machine
@@ -147,6 +148,7 @@ def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
         f"REPRO_API_IMAGE={IMAGES['api']}\nREPRO_WORKER_IMAGE={IMAGES['worker']}\n"
         f"REPRO_JOB_IMAGE={IMAGES['worker']}\nREPRO_POSTGRES_IMAGE={IMAGES['postgres']}\n"
         f"REPRO_S3_IMAGE={IMAGES['s3']}\nREPRO_S3_PORT={s3_port}\n"
+        f"REPRO_PROXY_IMAGE={IMAGES['proxy']}\n"
         f"REPRO_S3_PUBLIC_URL=http://127.0.0.1:{s3_port}\n"
     )
     env = {**os.environ, "REPRO_COMPOSE_ENV_FILE": str(env_file)}
@@ -191,17 +193,23 @@ def test_compose_stack_trains_reruns_identically_and_leaves_nothing(
             assert created.status_code == 201, created.text
             first = _wait_run(api, created.json()["run"]["id"])
             assert first["status"] == "succeeded", (first.get("error"), stack("logs").stdout)
+            # One replica stops: the same port answers through the other, at once, and the
+            # worker trains the rerun through it.
+            stopped = stack("stop", "api-1")
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
             rerun = api.post(f"/api/v1/runs/{first['id']}/rerun")
             assert rerun.status_code == 202, rerun.text
             second = _wait_run(api, rerun.json()["id"])
+            assert "api-2" in stack("ps", "--services", "--filter", "status=running").stdout
         assert second["status"] == "succeeded", (second.get("error"), stack("logs").stdout)
+        assert stack("start", "api-1").returncode == 0
         assert second["verdict"] == "identical"
         assert second["final_fingerprint"] == first["final_fingerprint"]
         # The weights went to the object store, by presigned URL; a download from the host
         # is sent to the store's published port, and the bytes are the recorded ones.
         assert "object store by presigned URL" in stack("logs", "worker").stdout
         assert not stack(
-            "exec", "-T", "api", "find", "/var/lib/reprotrain", "-name", "*.npz"
+            "exec", "-T", "api-2", "find", "/var/lib/reprotrain", "-name", "*.npz"
         ).stdout
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=30) as api:
             arts = api.get(f"/api/v1/runs/{first['id']}/artifacts").json()

@@ -348,9 +348,22 @@ def test_compose_files_validate_against_the_compose_spec() -> None:
 
 def test_compose_stack_migrates_first_and_shares_the_workspace_path() -> None:
     services = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
-    assert services["api"]["depends_on"]["migrate"] == {
+    assert services["api-1"]["depends_on"]["migrate"] == {
         "condition": "service_completed_successfully"
     }
+    # The second replica starts once the first is ready (so one of them makes the first
+    # admin token), from the same image, settings and shared volume.
+    assert services["api-2"]["depends_on"] == {"api-1": {"condition": "service_healthy"}}
+    for key in ("image", "command", "environment", "volumes", "healthcheck"):
+        assert services["api-2"][key] == services["api-1"][key], key
+    # One port in front of both: the proxy, which is what every client and worker reaches.
+    proxy = services["api"]
+    assert proxy["environment"] == {"REPRO_API_1": "api-1:8000", "REPRO_API_2": "api-2:8000"}
+    assert set(proxy["depends_on"]) == {"api-1", "api-2"}
+    assert [s for s, spec in services.items() if spec.get("ports") and s.startswith("api")] == [
+        "api"
+    ]
+    assert "--api http://api:8000" in services["worker"]["command"][0]
     assert services["migrate"]["command"] == ["db", "upgrade"]
     worker = services["worker"]
     assert "/var/run/docker.sock:/var/run/docker.sock" in worker["volumes"]
@@ -378,6 +391,7 @@ def test_dockerfiles_are_hadolint_clean() -> None:
     assert {f.name for f in dockerfiles} == {
         "Dockerfile",
         "postgres.Dockerfile",
+        "proxy.Dockerfile",
         "s3.Dockerfile",
         "user.Dockerfile",
     }
