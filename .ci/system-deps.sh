@@ -5,6 +5,8 @@
 # (tests/postgres.py), so all they need are the server binaries and, when run as root, the
 # `postgres` OS user to run them as. The distribution's own service must stay off: nothing
 # may depend on it, and a machine-wide server would hide a test that forgot its fixture.
+# The same holds for HAProxy, which the tests of several API replicas start in front of
+# them with the compose stack's own configuration (tests/api_proxy.py).
 # Idempotent: a machine that already has the binaries is left alone.
 set -euo pipefail
 
@@ -27,20 +29,23 @@ ensure_postgres_user() {
 }
 
 initdb="$(find_initdb)"
+missing=()
+[[ -n "$initdb" ]] || missing+=(postgresql)
+command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
 
 if [[ "$(id -u)" -ne 0 ]]; then
-    if [[ -n "$initdb" ]]; then
-        say "PostgreSQL server present ($(dirname "$initdb")); not root, nothing to do"
+    if ((${#missing[@]} == 0)); then
+        say "PostgreSQL server ($(dirname "$initdb")) and HAProxy present; not root, nothing to do"
     else
-        say "not root, so not installing the Debian package 'postgresql';" \
-            "the PostgreSQL tests will skip (and fail under CI=true)"
+        say "not root, so not installing the Debian packages: ${missing[*]};" \
+            "the tests that need them will skip (and fail under CI=true)"
     fi
     exit 0
 fi
 
-if [[ -n "$initdb" ]]; then
+if ((${#missing[@]} == 0)); then
     ensure_postgres_user
-    say "PostgreSQL server already present ($(dirname "$initdb"))$user_note"
+    say "PostgreSQL server ($(dirname "$initdb")) and HAProxy already present$user_note"
     exit 0
 fi
 
@@ -62,21 +67,23 @@ fi
 
 if ! {
     DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 } >"$log" 2>&1; then
     cat "$log" >&2
-    say "FAILED to install the Debian package 'postgresql' (apt output above)" >&2
+    say "FAILED to install the Debian packages ${missing[*]} (apt output above)" >&2
     exit 1
 fi
 
 # Belt and braces for init systems that ignore policy-rc.d; also undo systemd's enable so
 # a reboot does not bring the service up either.
-if command -v service >/dev/null 2>&1; then
-    service postgresql stop >/dev/null 2>&1 || true
-fi
-if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
-    systemctl disable --now postgresql >/dev/null 2>&1 || true
-fi
+for unit in postgresql haproxy; do
+    if command -v service >/dev/null 2>&1; then
+        service "$unit" stop >/dev/null 2>&1 || true
+    fi
+    if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+        systemctl disable --now "$unit" >/dev/null 2>&1 || true
+    fi
+done
 
 initdb="$(find_initdb)"
 if [[ -z "$initdb" ]]; then
@@ -85,5 +92,5 @@ if [[ -z "$initdb" ]]; then
     exit 1
 fi
 ensure_postgres_user
-say "installed the Debian package 'postgresql' ($(dirname "$initdb")), system service" \
-    "not started$user_note"
+say "installed the Debian packages ${missing[*]} (PostgreSQL in $(dirname "$initdb"));" \
+    "system services not started$user_note"
