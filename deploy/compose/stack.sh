@@ -136,6 +136,9 @@ case "${1:-}" in
     down)
         check_password
         if [[ "${2:-}" == --volumes ]]; then
+            # The worker first: a running agent marks the workspace as it idles, so emptying
+            # it under a live worker can leave a file behind.
+            run_compose stop worker
             empty_workspace
             run_compose down -v --remove-orphans
         else
