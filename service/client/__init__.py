@@ -3,6 +3,12 @@
 c = Client()                      # REPRO_API_URL and REPRO_TOKEN, or pass them
 run = c.submit("spec.yaml").wait()
 print(run.rerun().wait().verdict)  # "identical"
+
+And in your own training script (`reprotrain.init`, from `worker.script`, loaded only when
+asked for: the client itself needs no TensorFlow):
+
+run = reprotrain.init(project="digits", params={"lr": 0.01})
+model.fit(x, y, epochs=4, callbacks=[run.keras_callback()])
 """
 
 from __future__ import annotations
@@ -86,3 +92,13 @@ __all__ = [
     "Unreachable",
     "WaitTimeout",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The in-script runtime shares the job runtime's seeding and fingerprints (worker/);
+    # importing it here at once would load it for every client user.
+    if name in ("init", "ScriptRun"):
+        import worker.script
+
+        return getattr(worker.script, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -117,6 +117,12 @@ def apply(spec: DeterminismSpec, seed: SeedTuple) -> dict[str, Any]:
 
     Must run before TensorFlow executes its first op (thread pools are fixed then).
     """
+    check_started_with(spec)
+    return configure(spec, seed)
+
+
+def check_started_with(spec: DeterminismSpec) -> None:
+    """DeterminismError unless the process started with `required_environment(spec)`."""
     mismatch = environment_mismatch(spec)
     if mismatch:
         detail = ", ".join(f"{k}={now!r} (needs {need!r})" for k, (now, need) in mismatch.items())
@@ -130,6 +136,10 @@ def apply(spec: DeterminismSpec, seed: SeedTuple) -> dict[str, Any]:
             "PYTHONHASHSEED was changed after the interpreter started; start a fresh process"
         )
 
+
+def configure(spec: DeterminismSpec, seed: SeedTuple) -> dict[str, Any]:
+    """Set TensorFlow's threads, op determinism and TF32 and seed every generator; what
+    was set. `apply` checks the process's start-up environment first."""
     import tensorflow as tf
 
     if spec.intra_op_threads is not None:
@@ -143,7 +153,7 @@ def apply(spec: DeterminismSpec, seed: SeedTuple) -> dict[str, Any]:
     random.seed(derive_int_seed(seed, "python"))
     init_seed = reseed(seed, "init")
     return {
-        "python_hash_seed": os.environ["PYTHONHASHSEED"],
+        "python_hash_seed": os.environ.get("PYTHONHASHSEED"),
         "hash_randomization": bool(sys.flags.hash_randomization),
         "op_determinism": spec.op_determinism,
         # What TensorFlow will do (its default when the spec leaves it null); it only acts

@@ -1,0 +1,85 @@
+"""Your own training script, made reproducible by `reprotrain.init()`: the two example
+scripts (a Keras `model.fit` on scikit-learn's digits, a custom `GradientTape` loop), each
+run twice in fresh interpreters, record the same trace point for point; another seed
+records another one from initialisation on. The record holds what a run needs to be
+checked: the seed, the script's digest and arguments, params, what was made deterministic
+(the script was started again with PYTHONHASHSEED=0), provenance and per-epoch metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.record.trace import compare_traces
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+
+
+def _run_script(script: str, runs: Path, *args: str) -> dict[str, Any]:
+    """Run an example as a user would (`python script.py ...`); its one new record."""
+    before = set(runs.glob("*/run.json")) if runs.exists() else set()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    env.update({"REPRO_SCRIPT_RUNS_DIR": str(runs), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=runs.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (new,) = set(runs.glob("*/run.json")) - before
+    record: dict[str, Any] = json.loads(new.read_text())
+    return record
+
+
+def test_the_keras_fit_example_records_the_same_trace_twice(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first = _run_script("fit_digits.py", runs, "--epochs", "2")
+    again = _run_script("fit_digits.py", runs, "--epochs", "2")
+    other_seed = _run_script("fit_digits.py", runs, "--epochs", "2", "--seed", "43")
+
+    assert first["status"] == again["status"] == "succeeded"
+    assert [p["kind"] for p in first["trace"]] == ["init", "epoch", "epoch"]
+    same = compare_traces(first["trace"], again["trace"])
+    assert same.identical, same
+    assert first["final_fingerprint"] == again["final_fingerprint"]
+    differ = compare_traces(first["trace"], other_seed["trace"])
+    assert not differ.identical and differ.first_divergence is not None
+    assert differ.first_divergence.point.kind == "init"  # another seed: other initial weights
+
+    assert first["seed"] == [42, 0] and other_seed["seed"] == [43, 0]
+    assert first["params"] == {"epochs": 2, "lr": 0.003, "width": 16, "seed": 42}
+    assert first["script"]["args"] == ["--epochs", "2"]
+    assert first["script"]["sha256"] == again["script"]["sha256"]
+    # Started again with what determinism needs before any of the script's own code ran.
+    assert first["determinism"]["op_determinism"] is True
+    assert first["determinism"]["python_hash_seed"] == "0"
+    assert first["provenance"]["python"]["hash_randomization"] == 0
+    assert first["provenance"]["libraries"]["tensorflow"] == "2.21.0"
+    by_epoch = {(m["name"], m["epoch"]) for m in first["metrics"]}
+    assert {("accuracy", 1), ("val_accuracy", 2), ("loss", 2)} <= by_epoch
+    assert first["metrics"] == again["metrics"]
+
+
+def test_the_gradient_tape_example_records_the_same_trace_twice(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    first = _run_script("gradient_tape.py", runs, "--epochs", "2")
+    again = _run_script("gradient_tape.py", runs, "--epochs", "2")
+    assert first["status"] == again["status"] == "succeeded"
+    assert [(p["kind"], p["epoch"]) for p in first["trace"]] == [
+        ("init", 0),
+        ("epoch", 1),
+        ("epoch", 2),
+    ]
+    assert first["trace"] == again["trace"]
+    assert [m["name"] for m in first["metrics"]] == ["loss", "loss"]

@@ -1,0 +1,394 @@
+"""One run of a user's own training script: its seed, determinism, provenance and record.
+
+The record is `run.json` in the run's directory (`REPRO_SCRIPT_RUNS_DIR`, default
+`./reprotrain-runs/<run id>/`), rewritten durably at every trace point, params or tags
+change and at the end: the script (path, digest, arguments), params and tags, the seed,
+what determinism was set, provenance, the trace (fingerprints of the model, optimizer and
+RNG state) and metrics. Metrics also go to `metrics.jsonl` a line each as they are
+logged, so a crash loses none of them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import random
+import secrets
+import shutil
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import IO, Any
+
+from worker.record.durable import replace_durably
+from worker.record.trace import PointKind, TracePoint
+from worker.script.on_import import after_import
+from worker.spec import DeterminismSpec
+from worker.training.determinism import environment_mismatch, required_environment
+from worker.training.seeds import SeedTuple, derive_int_seed, resolve_seed, seed_tuple
+
+RUNS_DIR_ENV = "REPRO_SCRIPT_RUNS_DIR"
+SEED_ENV = "REPRO_RUN_SEED"  # "A,B": the seed of the run a worker started the script for
+_RESTARTED = "REPRO_SCRIPT_RESTARTED"  # set on the one restart init() makes
+_MAX_NAME = 200
+
+
+class DeterminismWarning(UserWarning):
+    """Something `init()` could not make deterministic; the record says it too."""
+
+
+_current: ScriptRun | None = None
+_lock = threading.Lock()
+
+
+def init(
+    project: str | None = None,
+    name: str | None = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    seed: int | tuple[int, int] | list[int] | None = None,
+    runs_dir: str | os.PathLike[str] | None = None,
+) -> ScriptRun:
+    """Start recording this script's run and make its training deterministic.
+
+    Call it at the top of the script, before it builds a model or draws a random number.
+    The seed is the one the run was started with (a rerun gets the same), else `seed`, else
+    a fresh random one (recorded). PYTHONHASHSEED and thread counts only count when the
+    interpreter starts: when they are not what determinism needs, the script is started
+    again, once, with them set (the same interpreter, arguments and environment), before
+    anything else of it has run.
+    """
+    global _current
+    with _lock:
+        if _current is not None and not _current.finished:
+            raise RuntimeError(
+                "reprotrain.init() was called twice in one process; call run.finish() (or "
+                "use the run as a context manager) before starting another"
+            )
+        spec = DeterminismSpec()
+        restart_with_determinism_environment(spec)
+        given = os.environ.get(SEED_ENV)
+        resolved = seed_tuple([int(p) for p in given.split(",")]) if given else resolve_seed(seed)
+        run = ScriptRun(
+            project=_name(project, "project") or "default",
+            name=_name(name, "name") or Path(sys.argv[0] or "script").stem,
+            params=dict(params or {}),
+            tags={str(k): str(v) for k, v in (tags or {}).items()},
+            seed=resolved,
+            runs_dir=Path(runs_dir or os.environ.get(RUNS_DIR_ENV) or "reprotrain-runs"),
+            determinism=spec,
+        )
+        run.start()
+        _current = run
+        return run
+
+
+def _name(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > _MAX_NAME:
+        raise ValueError(f"{what} must be a non-empty string of at most {_MAX_NAME} characters")
+    return value.strip()
+
+
+def _restartable() -> bool:
+    """Whether the process is a script or module run from the command line (not `-c`, not
+    an interactive session or a notebook), which can be started again as it was."""
+    argv = getattr(sys, "orig_argv", [])
+    if "-c" in argv or not sys.argv or not sys.argv[0]:
+        return False
+    return "-m" in argv or Path(sys.argv[0]).is_file()
+
+
+def restart_with_determinism_environment(spec: DeterminismSpec) -> None:
+    """Start the script again with the environment `spec` needs, if it lacks it (once)."""
+    mismatch = environment_mismatch(spec)
+    if not mismatch:
+        return
+    if os.environ.get(_RESTARTED) or not _restartable():
+        detail = ", ".join(f"{k}={now!r} (needs {need!r})" for k, (now, need) in mismatch.items())
+        warnings.warn(
+            f"reprotrain could not start this process with {detail}: string hashing (set "
+            "iteration order) may differ between runs; run the script from the command "
+            "line, or set these variables before Python starts",
+            DeterminismWarning,
+            stacklevel=3,
+        )
+        return
+    env = {**os.environ, **required_environment(spec), _RESTARTED: "1"}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, list(sys.orig_argv), env)
+
+
+def _script_identity() -> dict[str, Any]:
+    path = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if path is None or not path.is_file():
+        return {"path": None, "sha256": None, "args": sys.argv[1:]}
+    return {
+        "path": str(path),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "args": sys.argv[1:],
+    }
+
+
+def _json_value(value: Any) -> Any:
+    """Params as JSON keeps them: numbers, strings, booleans, None, lists and mappings."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class ScriptRun:
+    """The run `reprotrain.init()` started. Log to it; `finish()` (or leave its `with`)."""
+
+    def __init__(
+        self,
+        *,
+        project: str,
+        name: str,
+        params: dict[str, Any],
+        tags: dict[str, str],
+        seed: SeedTuple,
+        runs_dir: Path,
+        determinism: DeterminismSpec,
+    ) -> None:
+        self.id = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+        self.directory = runs_dir / self.id
+        self.seed: SeedTuple = seed
+        self.finished = False
+        self._spec = determinism
+        self._steps = 0
+        self._cancel_hooks: list[Callable[[], None]] = []
+        self._metrics_file: IO[str] | None = None
+        self._failed = False
+        self._record: dict[str, Any] = {
+            "id": self.id,
+            "kind": "script",
+            "project": project,
+            "name": name,
+            "status": "running",
+            "started_at": _now(),
+            "finished_at": None,
+            "script": _script_identity(),
+            "params": _json_value(params),
+            "tags": tags,
+            "seed": list(seed),
+            "determinism": None,
+            "warnings": [],
+            "provenance": None,
+            "trace": [],
+            "metrics": [],
+            "artifacts": [],
+        }
+
+    # -- start and end -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=False)
+        # Python's and NumPy's generators now; TensorFlow and Keras as soon as the script
+        # has imported TensorFlow (at once if it already has).
+        random.seed(derive_int_seed(self.seed, "python"))
+        with contextlib.suppress(ImportError):
+            import numpy as np
+
+            np.random.seed(derive_int_seed(self.seed, "init"))
+        self._cancel_hooks = [
+            after_import(name, self._set_up_tensorflow) for name in ("tensorflow", "keras")
+        ]
+        self._write()
+        atexit.register(self._at_exit)
+        previous = sys.excepthook
+
+        def note_failure(*exc_info: Any) -> None:
+            self._failed = True
+            previous(*exc_info)
+
+        sys.excepthook = note_failure
+
+    def _set_up_tensorflow(self, done: ModuleType) -> None:
+        """Once TensorFlow, and Keras if it is being imported, have finished importing
+        (`done` has just finished: its import still counts as running until this returns)."""
+        from worker.record.provenance import capture_provenance
+        from worker.training.determinism import configure
+
+        def loaded(name: str) -> bool:
+            module = sys.modules.get(name)
+            return module is not None and (module is done or not _importing(module))
+
+        if self._record["determinism"] is not None or not loaded("tensorflow"):
+            return
+        if "keras" in sys.modules and not loaded("keras"):
+            return  # Keras imports TensorFlow first: set up once Keras is done too
+        record = configure(self._spec, self.seed)
+        self._record["determinism"] = record
+        self._record["provenance"] = capture_provenance(
+            spec_hash=self.spec_hash, seed=self.seed, determinism=record
+        )
+        self._write()
+
+    @property
+    def spec_hash(self) -> str:
+        """What makes two runs the same experiment: the script, its arguments and params."""
+        script = self._record["script"]
+        material = {
+            "kind": "script",
+            "script_sha256": script["sha256"],
+            "args": script["args"],
+            "params": self._record["params"],
+        }
+        text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def finish(self, status: str = "succeeded") -> None:
+        """End the run (`succeeded`, or `failed`); later logging calls are refused."""
+        if self.finished:
+            return
+        if status not in ("succeeded", "failed"):
+            raise ValueError("status must be 'succeeded' or 'failed'")
+        for cancel in self._cancel_hooks:
+            cancel()
+        trace = self._record["trace"]
+        self._record["final_fingerprint"] = trace[-1]["fingerprint"] if trace else None
+        self._record["status"] = status
+        self._record["finished_at"] = _now()
+        self.finished = True
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+        self._write()
+
+    def _at_exit(self) -> None:
+        if not self.finished:
+            self.finish("failed" if self._failed else "succeeded")
+
+    def __enter__(self) -> ScriptRun:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish("failed" if kind is not None else "succeeded")
+
+    # -- logging -------------------------------------------------------------------------------
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The params logged so far (a copy)."""
+        return dict(self._record["params"])
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._open()
+        self._record["params"].update(_json_value(dict(params)))
+        self._write()
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._open()
+        self._record["tags"].update({str(k): str(v) for k, v in tags.items()})
+        self._write()
+
+    def log_metric(
+        self, name: str, value: float, *, step: int | None = None, epoch: int | None = None
+    ) -> None:
+        self.log_metrics({name: value}, step=step, epoch=epoch)
+
+    def log_metrics(
+        self, metrics: Mapping[str, float], *, step: int | None = None, epoch: int | None = None
+    ) -> None:
+        self._open()
+        at = {"step": self._steps if step is None else int(step), "epoch": epoch}
+        rows = [{"name": str(name), "value": float(value), **at} for name, value in metrics.items()]
+        self._record["metrics"].extend(rows)
+        # A line each, flushed: per-step logging must not cost a rewrite and an fsync; the
+        # run's record takes them at its next trace point and when the run ends.
+        if self._metrics_file is None:
+            self._metrics_file = open(self.directory / "metrics.jsonl", "a")  # noqa: SIM115
+        self._metrics_file.write("".join(json.dumps(row) + "\n" for row in rows))
+        self._metrics_file.flush()
+
+    def log_artifact(self, path: str | os.PathLike[str]) -> None:
+        """Copy a file into the run's directory, with its SHA-256."""
+        self._open()
+        source = Path(path)
+        target = self.directory / "artifacts" / source.name
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(source, target)
+        digest = hashlib.sha256(target.read_bytes()).hexdigest()
+        self._record["artifacts"].append({"name": source.name, "sha256": digest})
+        self._write()
+
+    # -- fingerprints --------------------------------------------------------------------------
+
+    def keras_callback(self, *, every_steps: int | None = None) -> Any:
+        """A Keras callback recording the trace: initialisation, every epoch end (and every
+        `every_steps` steps), with each epoch's metrics."""
+        from worker.script.keras_callback import TraceCallback
+
+        return TraceCallback(self, every_steps=every_steps)
+
+    def trace_point(
+        self,
+        *,
+        step: int,
+        model: Any,
+        optimizer: Any | None = None,
+        epoch: int | None = None,
+        kind: PointKind | None = None,
+    ) -> TracePoint:
+        """Record the fingerprint of `model` and `optimizer` now (a custom training loop
+        calls it after its steps; `epoch` given and no `kind`: the end of that epoch)."""
+        from worker.record.fingerprint import fingerprint_state
+        from worker.record.variable_reads import training_state
+
+        self._open()
+        if kind is None:
+            kind = "init" if step == 0 and not epoch else ("epoch" if epoch else "step")
+        self._steps = int(step)
+        fp = fingerprint_state(training_state(model, optimizer))
+        point = TracePoint(
+            kind=kind,
+            epoch=int(epoch or 0),
+            step=int(step),
+            fingerprint=fp.fingerprint,
+            variables=fp.variables,
+        )
+        self._record["trace"].append(point.model_dump())
+        self._write()
+        return point
+
+    # -- the record ----------------------------------------------------------------------------
+
+    @property
+    def has_trace(self) -> bool:
+        """Whether a trace point was recorded."""
+        return bool(self._record["trace"])
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """What is recorded so far (as written to run.json)."""
+        copied: dict[str, Any] = json.loads(json.dumps(self._record))
+        return copied
+
+    def _open(self) -> None:
+        if self.finished:
+            raise RuntimeError(f"run {self.id} is finished")
+
+    def _write(self) -> None:
+        replace_durably(self.directory / "run.json", json.dumps(self._record, indent=1))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _importing(module: ModuleType) -> bool:
+    """Whether the module is still running its own import."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
