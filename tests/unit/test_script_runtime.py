@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,3 +63,30 @@ def test_a_cancelled_hook_never_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     assert seen == []
     del sys.modules["never_hooked"]
+
+
+def test_init_outside_a_scripts_top_level_warns_and_records_instead_of_restarting(
+    tmp_path: Path,
+) -> None:
+    code = textwrap.dedent(
+        f"""
+        import json, sys, warnings
+        import reprotrain
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run = reprotrain.init(project="p", seed=5, runs_dir={str(tmp_path)!r})
+        print(json.dumps([str(w.message) for w in caught]))
+        print(json.dumps(run.record["warnings"]), run.seed, "tensorflow" in sys.modules)
+        run.finish()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    warned, recorded = out.stdout.strip().splitlines()
+    assert "PYTHONHASHSEED" in warned and "command line" in warned
+    assert "PYTHONHASHSEED" in recorded and recorded.endswith("(5, 0) False")
+    (record,) = tmp_path.glob("*/run.json")
+    assert '"status": "succeeded"' in record.read_text()

@@ -45,6 +45,7 @@ class DeterminismWarning(UserWarning):
 
 
 _current: ScriptRun | None = None
+_startup_warnings: list[str] = []  # what the run's record says it could not set
 _lock = threading.Lock()
 
 
@@ -74,7 +75,10 @@ def init(
                 "use the run as a context manager) before starting another"
             )
         spec = DeterminismSpec()
-        restart_with_determinism_environment(spec)
+        # Only a script's own top level may be started again (not a test suite, not a
+        # library that calls init for it).
+        from_main = sys._getframe(1).f_globals.get("__name__") == "__main__"
+        restart_with_determinism_environment(spec, restartable=from_main and _restartable())
         given = os.environ.get(SEED_ENV)
         resolved = seed_tuple([int(p) for p in given.split(",")]) if given else resolve_seed(seed)
         run = ScriptRun(
@@ -108,17 +112,18 @@ def _restartable() -> bool:
     return "-m" in argv or Path(sys.argv[0]).is_file()
 
 
-def restart_with_determinism_environment(spec: DeterminismSpec) -> None:
+def restart_with_determinism_environment(spec: DeterminismSpec, *, restartable: bool) -> None:
     """Start the script again with the environment `spec` needs, if it lacks it (once)."""
     mismatch = environment_mismatch(spec)
     if not mismatch:
         return
-    if os.environ.get(_RESTARTED) or not _restartable():
+    if os.environ.get(_RESTARTED) or not restartable:
         detail = ", ".join(f"{k}={now!r} (needs {need!r})" for k, (now, need) in mismatch.items())
+        _startup_warnings.append(f"not started with {detail}")
         warnings.warn(
             f"reprotrain could not start this process with {detail}: string hashing (set "
-            "iteration order) may differ between runs; run the script from the command "
-            "line, or set these variables before Python starts",
+            "iteration order) may differ between runs; call init() at the top of a script "
+            "run from the command line, or set these variables before Python starts",
             DeterminismWarning,
             stacklevel=3,
         )
@@ -181,7 +186,7 @@ class ScriptRun:
             "tags": tags,
             "seed": list(seed),
             "determinism": None,
-            "warnings": [],
+            "warnings": list(_startup_warnings),
             "provenance": None,
             "trace": [],
             "metrics": [],
@@ -226,7 +231,15 @@ class ScriptRun:
             return
         if "keras" in sys.modules and not loaded("keras"):
             return  # Keras imports TensorFlow first: set up once Keras is done too
-        record = configure(self._spec, self.seed)
+        try:
+            record = configure(self._spec, self.seed)
+        except Exception as exc:  # e.g. thread pools fixed by ops the script already ran
+            message = f"TensorFlow could not be made deterministic: {exc}"
+            self._record["warnings"].append(message)
+            self._record["determinism"] = {"error": message}  # not tried again
+            self._write()
+            warnings.warn(message, DeterminismWarning, stacklevel=2)
+            return
         self._record["determinism"] = record
         self._record["provenance"] = capture_provenance(
             spec_hash=self.spec_hash, seed=self.seed, determinism=record
