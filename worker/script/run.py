@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from worker.record.durable import replace_durably
 from worker.record.trace import PointKind, TracePoint
@@ -33,6 +33,9 @@ from worker.script.on_import import after_import
 from worker.spec import DeterminismSpec
 from worker.training.determinism import environment_mismatch, required_environment
 from worker.training.seeds import SeedTuple, derive_int_seed, resolve_seed, seed_tuple
+
+if TYPE_CHECKING:
+    from worker.record.variable_reads import TrainingState
 
 RUNS_DIR_ENV = "REPRO_SCRIPT_RUNS_DIR"
 SEED_ENV = "REPRO_RUN_SEED"  # "A,B": the seed of the run a worker started the script for
@@ -172,6 +175,7 @@ class ScriptRun:
         self._steps = 0
         self._cancel_hooks: list[Callable[[], None]] = []
         self._metrics_file: IO[str] | None = None
+        self._state: tuple[tuple[int, int, int, int], TrainingState] | None = None
         self._failed = False
         self._record: dict[str, Any] = {
             "id": self.id,
@@ -365,7 +369,17 @@ class ScriptRun:
         if kind is None:
             kind = "init" if step == 0 and not epoch else ("epoch" if epoch else "step")
         self._steps = int(step)
-        fp = fingerprint_state(training_state(model, optimizer))
+        # The state is kept while its variables stay the same ones, so its read handles and
+        # hashing lanes are found once (an optimizer builds its variables at the first step).
+        key = (
+            id(model),
+            id(optimizer),
+            len(model.variables),
+            len(getattr(optimizer, "variables", ())),
+        )
+        if self._state is None or self._state[0] != key:
+            self._state = (key, training_state(model, optimizer))
+        fp = fingerprint_state(self._state[1])
         point = TracePoint(
             kind=kind,
             epoch=int(epoch or 0),
