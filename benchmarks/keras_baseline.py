@@ -90,11 +90,11 @@ def fit_child(spec_path: Path, mode: str, out: Path) -> None:
     import tensorflow as tf
 
     from worker.models import registry
-    from worker.spec import load_spec
+    from worker.spec import load_training_spec
     from worker.training.job import Job
     from worker.training.seeds import resolve_seed
 
-    spec = load_spec(spec_path)
+    spec = load_training_spec(spec_path)
     deterministic = mode != "fit_nondeterministic"
     spec = spec.model_copy(
         update={

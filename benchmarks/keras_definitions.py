@@ -141,11 +141,11 @@ def fit_child(
 
     from worker.data.dataset_format import open_arrays
     from worker.models import registry
-    from worker.spec import load_spec
+    from worker.spec import load_training_spec
     from worker.training.job import Job
     from worker.training.seeds import resolve_seed
 
-    spec = load_spec(spec_path)
+    spec = load_training_spec(spec_path)
     seed = resolve_seed(spec.seed)
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(seed[0])

@@ -39,7 +39,7 @@ from worker.errors import ArchitectureError, SpecError
 from worker.models.model_size import check_parameter_limit
 from worker.record.environment_capture import EXPORT_MODEL_ENV
 from worker.result import DataFingerprint, JobError, JobResult, write_result
-from worker.spec import ExperimentSpec, load_spec
+from worker.spec import ExperimentSpec, ScriptExperimentSpec, load_spec
 from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
 from worker.training.seeds import resolve_seed
@@ -454,30 +454,10 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, OSError) as exc:
         result = _failure(exc, JobResult(status="failed"), phase="spec")
     else:
-        _reexec_if_needed(spec, argv)
-        stop = StopRequest(args.stop_after_epoch)
-        stop.install()
-        options = TrainingOptions(
-            checkpoint_dir=args.checkpoint_dir,
-            resume=args.resume,
-            stop_requested=stop,
-            max_model_parameters=args.max_model_parameters,
-            max_activation_elements=args.max_activation_elements,
-            trace_every_steps=args.trace_every_steps,
-            until_epoch=args.until_epoch,
-            until_step=args.until_step,
-            allow_logical_devices=not args.no_logical_devices,
-            classic=args.classic_loop,
-        )
-        result = run_job(
-            spec,
-            options=options,
-            reporter=reporter,
-            dataset_file=args.dataset_file,
-            export_model=args.export_model,
-            code_file=args.code_file,
-            model_file=args.model_file,
-        )
+        if isinstance(spec, ScriptExperimentSpec):
+            result = _script_job(spec, args, reporter)
+        else:
+            result = _spec_job(spec, args, argv, reporter)
     write_result(result, args.out)
     reporter.emit(
         "finished",
@@ -486,6 +466,70 @@ def main(argv: list[str] | None = None) -> int:
         error=result.error.message if result.error else None,
     )
     return _exit_code(result)
+
+
+def _script_job(
+    spec: ScriptExperimentSpec, args: argparse.Namespace, reporter: ProgressReporter
+) -> JobResult:
+    """A script experiment's job: only the arguments a script run takes. A script saves its
+    own model, if it wants one: `--export-model` is not for it and is left alone."""
+    from worker.script.job import run_script_job
+
+    unsupported = [
+        f"--{name.replace('_', '-')}"
+        for name in (
+            "stop_after_epoch",
+            "trace_every_steps",
+            "until_epoch",
+            "until_step",
+            "dataset_file",
+            "model_file",
+        )
+        if getattr(args, name)
+    ]
+    if unsupported:
+        msg = f"a script experiment's job does not take {', '.join(unsupported)}"
+        return _failure(SpecError(msg), JobResult(status="failed"), phase="spec")
+    result = run_script_job(
+        spec, reporter=reporter, code_file=args.code_file, checkpoint_dir=args.checkpoint_dir
+    )
+    if args.resume:
+        result.warnings.insert(
+            0,
+            "a script run does not resume from its checkpoints yet: this attempt trained "
+            "from the start (bitwise the same, only slower)",
+        )
+    return result
+
+
+def _spec_job(
+    spec: ExperimentSpec, args: argparse.Namespace, argv: list[str], reporter: ProgressReporter
+) -> JobResult:
+    """A training spec's job, in this process."""
+    _reexec_if_needed(spec, argv)
+    stop = StopRequest(args.stop_after_epoch)
+    stop.install()
+    options = TrainingOptions(
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
+        stop_requested=stop,
+        max_model_parameters=args.max_model_parameters,
+        max_activation_elements=args.max_activation_elements,
+        trace_every_steps=args.trace_every_steps,
+        until_epoch=args.until_epoch,
+        until_step=args.until_step,
+        allow_logical_devices=not args.no_logical_devices,
+        classic=args.classic_loop,
+    )
+    return run_job(
+        spec,
+        options=options,
+        reporter=reporter,
+        dataset_file=args.dataset_file,
+        export_model=args.export_model,
+        code_file=args.code_file,
+        model_file=args.model_file,
+    )
 
 
 def exit_now(code: int) -> None:

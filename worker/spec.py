@@ -13,8 +13,8 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
@@ -89,6 +89,9 @@ Params = Annotated[dict[str, Any], AfterValidator(_json_params)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+SpecT = typing.TypeVar("SpecT", bound="_SpecBase")
 
 
 class DatasetSpec(_Strict):
@@ -168,21 +171,12 @@ class EnvironmentSpec(_Strict):
     image: str | None = Field(default=None, max_length=500)
 
 
-class ExperimentSpec(_Strict):
-    """One experiment: everything needed to train it again bit for bit."""
+class _SpecBase(_Strict):
+    """What every kind of experiment has: a name, a seed, and its canonical hash."""
 
     version: Literal[1] = 1
     name: str = Field(min_length=1, max_length=200)
     seed: SeedTuple | None = None
-    dataset: DatasetSpec
-    model: ModelSpec
-    training: TrainingSpec
-    determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
-    distribution: DistributionSpec = Field(default_factory=DistributionSpec)
-    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
-    # A code bundle (a wheel stored by digest, `repro code push`) whose entry points add the
-    # generators and architectures the spec names.
-    code: str | None = Field(default=None, pattern=DIGEST_PATTERN)
 
     @field_validator("seed", mode="before")
     @classmethod
@@ -201,9 +195,32 @@ class ExperimentSpec(_Strict):
         except (TypeError, ValueError) as exc:
             raise ValueError(str(exc)) from None
 
-    def with_seed(self, seed: SeedTuple) -> ExperimentSpec:
+    def with_seed(self, seed: SeedTuple) -> Self:
         """This spec with its seed fixed (how a null seed is recorded once resolved)."""
         return self.model_copy(update={"seed": seed_tuple(seed)})
+
+    def canonical_json(self) -> str:
+        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling."""
+        return canonical_json(self.model_dump(mode="json"))
+
+    def spec_hash(self) -> str:
+        """`sha256:<hex>` of the canonical JSON; equal specs hash equal however written."""
+        digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return f"{HASH_ALGORITHM}:{digest}"
+
+
+class ExperimentSpec(_SpecBase):
+    """One experiment: everything needed to train it again bit for bit."""
+
+    dataset: DatasetSpec
+    model: ModelSpec
+    training: TrainingSpec
+    determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
+    distribution: DistributionSpec = Field(default_factory=DistributionSpec)
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    # A code bundle (a wheel stored by digest, `repro code push`) whose entry points add the
+    # generators and architectures the spec names.
+    code: str | None = Field(default=None, pattern=DIGEST_PATTERN)
 
     def canonical_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace, numbers in one spelling.
@@ -221,10 +238,59 @@ class ExperimentSpec(_Strict):
                 del target[key]
         return canonical_json(data)
 
-    def spec_hash(self) -> str:
-        """`sha256:<hex>` of the canonical JSON; equal specs hash equal however written."""
-        digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()
-        return f"{HASH_ALGORITHM}:{digest}"
+
+MAX_SCRIPT_ARGS = 256
+MAX_SCRIPT_ARG_CHARS = 4096
+
+
+def _entry_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if (
+        path.is_absolute()
+        or ".." in path.parts
+        or "\\" in value
+        or "\x00" in value
+        or path.suffix != ".py"
+        or str(path) != value
+    ):
+        raise ValueError(
+            "must be the relative path of a .py file inside the script's directory, "
+            "written with / and without '..' (e.g. train.py or src/train.py)"
+        )
+    return value
+
+
+def _plain_args(value: list[str]) -> list[str]:
+    for i, arg in enumerate(value):
+        if "\x00" in arg or len(arg) > MAX_SCRIPT_ARG_CHARS:
+            raise ValueError(
+                f"argument {i} must be at most {MAX_SCRIPT_ARG_CHARS} characters, without NUL"
+            )
+    return value
+
+
+class ScriptSpec(_Strict):
+    """Which file of the script's directory runs, with which command-line arguments."""
+
+    entry: Annotated[str, Field(min_length=4, max_length=500), AfterValidator(_entry_path)]
+    args: Annotated[list[str], Field(max_length=MAX_SCRIPT_ARGS), AfterValidator(_plain_args)] = (
+        Field(default_factory=list)
+    )
+
+
+class ScriptExperimentSpec(_SpecBase):
+    """A user's own training script: its directory (a code bundle stored by digest), the
+    file that runs and its arguments, the seed `reprotrain.init()` hands it, and how
+    determinism is set. The script itself decides what it trains."""
+
+    kind: Literal["script"]
+    script: ScriptSpec
+    code: str = Field(pattern=DIGEST_PATTERN)
+    determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+
+
+AnySpec = ExperimentSpec | ScriptExperimentSpec
 
 
 # (path, default) of fields added after the first spec version.
@@ -287,20 +353,44 @@ def format_validation_error(exc: ValidationError) -> list[dict[str, str]]:
     return errors
 
 
-def parse_spec(data: Any) -> ExperimentSpec:
-    """Validate already-parsed spec data; raises SpecError listing every field problem."""
-    if not isinstance(data, Mapping):
-        raise SpecError(
-            "a spec must be a mapping", errors=[{"loc": "$", "msg": "expected a mapping"}]
-        )
+def _validated(model: type[SpecT], data: Mapping[str, Any]) -> SpecT:
     try:
-        spec = ExperimentSpec.model_validate(dict(data))
+        spec = model.model_validate(dict(data))
         spec.canonical_json()  # rejects NaN and non-JSON values inside free-form params
     except ValidationError as exc:
         errors = format_validation_error(exc)
         lines = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
         raise SpecError(f"invalid spec: {lines}", errors=errors) from None
     return spec
+
+
+def _mapping(data: Any) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise SpecError(
+            "a spec must be a mapping", errors=[{"loc": "$", "msg": "expected a mapping"}]
+        )
+    return data
+
+
+def parse_spec(data: Any) -> ExperimentSpec:
+    """Validate already-parsed spec data; raises SpecError listing every field problem."""
+    return _validated(ExperimentSpec, _mapping(data))
+
+
+def is_script(data: Any) -> bool:
+    """Whether parsed spec data (or a spec) is a script experiment's (`kind: script`)."""
+    if isinstance(data, BaseModel):
+        return isinstance(data, ScriptExperimentSpec)
+    return isinstance(data, Mapping) and data.get("kind") == "script"
+
+
+def parse_any_spec(data: Any) -> AnySpec:
+    """A training spec, or a script experiment's (`kind: script`); SpecError otherwise."""
+    data = _mapping(data)
+    if "kind" in data and data["kind"] != "script":
+        msg = "the only kind a spec names is 'script'; a training spec has no kind"
+        raise SpecError(f"invalid spec: kind: {msg}", errors=[{"loc": "kind", "msg": msg}])
+    return _validated(ScriptExperimentSpec, data) if is_script(data) else parse_spec(data)
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -329,7 +419,7 @@ _SpecLoader.add_implicit_resolver(
 )
 
 
-def parse_spec_text(text: str | bytes, *, fmt: Literal["json", "yaml"] = "yaml") -> ExperimentSpec:
+def parse_spec_text(text: str | bytes, *, fmt: Literal["json", "yaml"] = "yaml") -> AnySpec:
     """Parse JSON or YAML text into a validated spec; malformed text raises SpecError."""
     try:
         data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=_SpecLoader)
@@ -337,22 +427,32 @@ def parse_spec_text(text: str | bytes, *, fmt: Literal["json", "yaml"] = "yaml")
         raise MalformedSpecError(
             f"malformed {fmt.upper()}: {exc}", errors=[{"loc": "$", "msg": str(exc)}]
         ) from None
-    return parse_spec(data)
+    return parse_any_spec(data)
 
 
-def load_spec(path: str | Path) -> ExperimentSpec:
+def load_spec(path: str | Path) -> AnySpec:
     """Read a spec file (.json, or YAML for anything else)."""
     path = Path(path)
     fmt: Literal["json", "yaml"] = "json" if path.suffix.lower() == ".json" else "yaml"
     return parse_spec_text(path.read_bytes(), fmt=fmt)
 
 
-def held_out_warnings(spec: ExperimentSpec) -> list[str]:
+def load_training_spec(path: str | Path) -> ExperimentSpec:
+    """Read a training spec file; SpecError for a script experiment's."""
+    spec = load_spec(path)
+    if isinstance(spec, ScriptExperimentSpec):
+        raise SpecError(f"{path} is a script experiment's spec, not a training spec")
+    return spec
+
+
+def held_out_warnings(spec: AnySpec) -> list[str]:
     """A warning when the `arrays` generator holds rows out for evaluation and no evaluation
     batch ever reads them: a fraction of the dataset trains nothing and measures nothing.
 
     A warning, not an error: such specs stayed valid and keep their hashes.
     """
+    if isinstance(spec, ScriptExperimentSpec):
+        return []
     ds = spec.dataset
     fraction = ds.params.get("eval_fraction")
     if ds.generator != "arrays" or ds.eval_batches or isinstance(fraction, bool):

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.cli.output import Command, JsonFlag, TrainingBar, emit_json, err
+from service.cli.output import (
+    DEFAULT_API,
+    ApiOption,
+    Command,
+    JsonFlag,
+    TokenFileOption,
+    TokenOption,
+    TrainingBar,
+    emit_json,
+    err,
+)
 
 if TYPE_CHECKING:  # imported where used: every `repro` command starts without NumPy or pydantic
     from worker.result import JobResult
@@ -32,10 +42,12 @@ def validate(
     from worker.errors import SpecError
     from worker.models.data_fit import check_data_fit
     from worker.models.registry import check_spec
-    from worker.spec import load_spec, with_suggestion
+    from worker.spec import ScriptExperimentSpec, load_spec, with_suggestion
 
     try:
         parsed = load_spec(spec)
+        if isinstance(parsed, ScriptExperimentSpec):
+            raise SpecError("a script experiment is submitted with `repro run SCRIPT.py`")
         check_spec(parsed)
         # The same judgement as the server's at submit, which reads the pushed dataset's record.
         check_data_fit(parsed, inspect_dataset(dataset) if dataset is not None else None)
@@ -137,7 +149,13 @@ def _run_with_progress(
 
 
 def run(
-    spec: Path,
+    spec: Annotated[
+        Path, typer.Argument(help="a spec (YAML or JSON) to train here, or a script.py to submit")
+    ],
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(help="the script's own arguments, after --", show_default=False),
+    ] = None,
     out: Annotated[Path, typer.Option(help="result document to write")] = Path("result.json"),
     checkpoint_dir: Annotated[Path | None, typer.Option(help="keep epoch checkpoints here")] = None,
     resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint")] = False,
@@ -147,9 +165,60 @@ def run(
     export_model: Annotated[
         Path | None, typer.Option(help="on success, save the final model here (.keras)")
     ] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="script: the directory shipped with it (default: the script's own)"
+        ),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="script: the experiment's name")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="script: the run's seed (default: drawn)")
+    ] = None,
+    image: Annotated[str | None, typer.Option(help="script: the image it must run in")] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="script: wait until the run finishes")
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option(help="script: give up waiting after seconds")
+    ] = None,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Train one experiment in a fresh process and write its result document."""
+    """Train a spec here in a fresh process and write its result document; or submit
+    your own training script (`repro run train.py -- --lr 0.01`) to run on a worker,
+    its directory shipped by content digest, and reruns verified like any run's."""
+    if spec.suffix == ".py":
+        given = {
+            "--out": out != Path("result.json"),
+            "--checkpoint-dir": checkpoint_dir is not None,
+            "--resume": resume,
+            "--dataset": dataset is not None,
+            "--export-model": export_model is not None,
+        }
+        if wrong := [option for option, set_ in given.items() if set_]:
+            err.print(f"[red]invalid:[/red] a script run does not take {', '.join(wrong)}")
+            raise typer.Exit(2)
+        from service.cli.remote import submit_script
+
+        submit_script(
+            spec,
+            list(args or []),
+            directory=directory,
+            name=name,
+            seed=seed,
+            image=image,
+            wait=wait,
+            timeout=timeout,
+            client_options=(api, token, token_file),
+            as_json=as_json,
+        )
+        return
+    if args:
+        err.print(f"[red]invalid:[/red] a spec takes no arguments, got {' '.join(args)}")
+        raise typer.Exit(2)
     code, result = _run_with_progress(
         spec,
         out,

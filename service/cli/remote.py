@@ -43,12 +43,17 @@ _PAGE = 500  # runs per request when listing (the server's largest page)
 
 
 def _wait(client: Client, run_id: int, *, quiet: bool, timeout: float | None) -> Run:
-    epochs = int((client.run(run_id).spec or {})["training"]["epochs"])
+    # A script's epochs are the script's to decide: its bar counts what it reports.
+    known = ((client.run(run_id).spec or {}).get("training") or {}).get("epochs")
+    epochs = int(known) if known else None
     with TrainingBar(f"run {run_id}", quiet=quiet, initial="queued", total=epochs) as bar:
 
         def on_progress(run: Run) -> None:
             where = f"{run.status} (attempt {run.attempt})"
             progress = run.progress
+            if epochs is None:
+                bar.show(progress, otherwise=where)
+                return
             if run.status == "succeeded":
                 # Every epoch is done, whichever event the worker reported last.
                 progress = {"event": "epoch_end", "epoch": epochs}
@@ -178,6 +183,43 @@ def submit(
         except ApiError as exc:
             raise api_error_exit(exc) from None
         raise typer.Exit(code)
+    _queued(client, run.id, answer, line, wait=wait, as_json=as_json, timeout=timeout)
+
+
+def submit_script(
+    script: Path,
+    args: list[str],
+    *,
+    directory: Path | None,
+    name: str | None,
+    seed: int | None,
+    image: str | None,
+    wait: bool,
+    timeout: float | None,
+    client_options: tuple[str, str | None, Path | None],
+    as_json: bool,
+) -> None:
+    """`repro run SCRIPT.py -- ARGS`: push the script's directory, submit it as a run."""
+    from reprotrain import ApiError, ScriptDirectoryError
+
+    client = repro_client(*client_options)
+    try:
+        run = client.submit_script(
+            script, args, directory=directory, name=name, seed=seed, image=image
+        )
+    except ScriptDirectoryError as exc:
+        err.print("[red]invalid:[/red] ", end="")
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    answer = run.submit_answer or {}
+    experiment = answer["experiment"]
+    line = (
+        f"experiment {experiment['id']}  run {run.id}  seed {experiment['seed']}  "
+        f"{experiment['spec_hash']}  (script {experiment['spec']['script']['entry']}, "
+        f"directory {experiment['spec']['code']})"
+    )
     _queued(client, run.id, answer, line, wait=wait, as_json=as_json, timeout=timeout)
 
 

@@ -50,6 +50,7 @@ from .models import (
     SpotCheck,
     Token,
 )
+from .script_bundle import ScriptDirectoryError
 from .stored import CodeBundles, Datasets, Models
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "RunPage",
     "RunState",
     "RunsComparison",
+    "ScriptDirectoryError",
     "SpecField",
     "SpecFileError",
     "SpotCheck",

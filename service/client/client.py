@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -30,6 +31,7 @@ from .models import (
     RunState,
     SpotCheck,
 )
+from .script_bundle import build_script_wheel, script_entry
 from .spec_file import submission_body
 from .stored import CodeBundles, Datasets, Models
 
@@ -192,6 +194,38 @@ class Client:
         )
         run._submitted = answer
         return run
+
+    def submit_script(
+        self,
+        script: str | Path,
+        args: Sequence[str] = (),
+        *,
+        directory: str | Path | None = None,
+        name: str | None = None,
+        seed: int | Sequence[int] | None = None,
+        image: str | None = None,
+        priority: int = 0,
+    ) -> Run:
+        """Run your own training script on a worker: its directory (or `directory`, which
+        holds it) is pushed by content digest, and the script runs there with `args` as
+        `python SCRIPT ARGS`, with `reprotrain.init()` attached to the run. Workers that
+        run code take it (Docker's sandbox, or `--trust-code`); reruns verify like any run.
+        ScriptDirectoryError when the directory cannot be shipped."""
+        base, entry = script_entry(Path(script), Path(directory) if directory else None)
+        with tempfile.TemporaryDirectory(prefix="repro-script-") as tmp:
+            wheel = build_script_wheel(base, entry, Path(tmp))
+            bundle = self.code.push(wheel, name=f"{base.name}/{entry}")
+        spec: dict[str, Any] = {
+            "kind": "script",
+            "name": name or Path(entry).stem,
+            "script": {"entry": entry, "args": [str(a) for a in args]},
+            "code": bundle.digest,
+        }
+        if seed is not None:
+            spec["seed"] = seed if isinstance(seed, int) else list(seed)
+        if image is not None:
+            spec["environment"] = {"image": image}
+        return self.submit(spec, priority=priority)
 
     def run(self, run_id: RunRef) -> Run:
         """One run, with its spec, seed, metrics, progress and verdict report."""

@@ -25,7 +25,7 @@ from service.storage import artifacts, blob_store
 from service.verification import spot_checks
 from worker.errors import SpecError
 from worker.models import registry
-from worker.spec import ExperimentSpec
+from worker.spec import ScriptExperimentSpec, parse_any_spec
 
 router = APIRouter(route_class=PageRoute)
 
@@ -196,10 +196,12 @@ async def audit(request: Request, run_id: IdPath) -> RedirectResponse:
         run = svc.get_run(db, run_id)
         settings = request.app.state.settings
         try:
-            spec = ExperimentSpec.model_validate(run.experiment.spec)
-            # A code bundle's components are known only within its context.
-            with svc.code_components(db, spec, settings):
-                registry.check_spec(spec)
+            spec = parse_any_spec(run.experiment.spec)
+            if isinstance(spec, ScriptExperimentSpec):
+                svc.check_script(db, spec, settings)
+            else:  # a code bundle's components are known only within its context
+                with svc.code_components(db, spec, settings):
+                    registry.check_spec(spec)
         except (SpecError, ValueError) as exc:
             raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
         _, first, _ = svc.create_experiment(

@@ -19,16 +19,27 @@ from service.runs import result_size, resume_points
 from service.storage import code_bundles, datasets, model_definitions
 from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.models import registry
-from worker.spec import ExperimentSpec, parse_spec, parse_spec_text, suggesting
+from worker.spec import (
+    AnySpec,
+    ExperimentSpec,
+    ScriptExperimentSpec,
+    parse_any_spec,
+    parse_spec_text,
+    suggesting,
+)
 from worker.training.seeds import resolve_seed
 
 
 def parse_submission(
     body: bytes, fmt: Literal["json", "yaml"], *, settings: Settings, db: Session | None = None
-) -> ExperimentSpec:
+) -> AnySpec:
     """The validated spec of a request body; MalformedBody or InvalidSpec otherwise."""
     try:
         spec = parse_spec_text(body, fmt=fmt)
+        if isinstance(spec, ScriptExperimentSpec):
+            check_script(db, spec, settings)
+            check_storable(spec)
+            return spec
         with code_components(db, spec, settings):
             registry.check_spec(spec)
     except MalformedSpecError as exc:
@@ -63,6 +74,23 @@ def code_components(
     return registry.bundled_components(entry_points, f"code bundle {spec.code}")
 
 
+def check_script(db: Session | None, spec: ScriptExperimentSpec, settings: Settings) -> None:
+    """InvalidSpec unless code runs here, the script's directory is stored and holds the
+    file `script.entry` names."""
+    code_bundles.check_allowed(settings, loc="code")
+    bundle = code_bundles.require_held(db, spec.code, settings) if db is not None else None
+    if bundle is None:
+        return
+    files = {str(f.get("path")) for f in bundle.files or []}
+    if spec.script.entry not in files:
+        shown = ", ".join(sorted(p for p in files if p.endswith(".py"))[:8]) or "none"
+        msg = (
+            f"the script's directory {spec.code} holds no {spec.script.entry} "
+            f"(its Python files: {shown})"
+        )
+        raise InvalidSpec(f"script.entry: {msg}", errors=[{"loc": "script.entry", "msg": msg}])
+
+
 def check_deliverable(spec: ExperimentSpec, settings: Settings) -> None:
     """InvalidSpec if the run's result could exceed what `complete` takes (max_result_bytes)."""
     estimate = result_size.result_bytes(spec)
@@ -78,7 +106,7 @@ def check_deliverable(spec: ExperimentSpec, settings: Settings) -> None:
     raise InvalidSpec(f"spec exceeds limits: {loc}: {msg}", errors=[{"loc": loc, "msg": msg}])
 
 
-def check_storable(spec: ExperimentSpec) -> None:
+def check_storable(spec: AnySpec) -> None:
     """InvalidSpec for text the database cannot store (PostgreSQL text refuses NUL)."""
     texts = {"name": spec.name, "environment.image": spec.environment.image}
     errors = [
@@ -138,7 +166,7 @@ def check_limits(spec: ExperimentSpec, settings: Settings) -> None:
 def create_experiment(
     *,
     db: Session,
-    spec: ExperimentSpec,
+    spec: AnySpec,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
     actor: Principal | None = None,
@@ -173,7 +201,7 @@ def create_experiment(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         code_digest=spec.code,
-        model_digest=spec.model.definition,
+        model_digest=None if isinstance(spec, ScriptExperimentSpec) else spec.model.definition,
     )
     queued = {"submitter_id": actor.token_id if actor is not None else None, "priority": priority}
     run = _queued_run(experiment, spec, **queued)
@@ -208,21 +236,24 @@ def create_experiment(
     return experiment, run, True
 
 
-def _require_stored_inputs(db: Session, spec: ExperimentSpec, settings: Settings) -> None:
+def _require_stored_inputs(db: Session, spec: AnySpec, settings: Settings) -> None:
     # Everything the spec names by digest must be held, usable and fit the model: a 422 now,
     # not a failed run later.
+    if isinstance(spec, ScriptExperimentSpec):
+        check_script(db, spec, settings)
+        return
     datasets.require_held(db, spec.dataset.data)
     datasets.require_fit(db, spec)
     code_bundles.require_held(db, spec.code, settings)
     model_definitions.require_usable(db, spec, settings)
 
 
-def _queued_run(experiment: Experiment, spec: ExperimentSpec, **columns: int | None) -> Run:
+def _queued_run(experiment: Experiment, spec: AnySpec, **columns: int | None) -> Run:
     return Run(
         experiment=experiment,
         status="queued",
         required_image=spec.environment.image,
-        replicas=spec.distribution.replicas,
+        replicas=1 if isinstance(spec, ScriptExperimentSpec) else spec.distribution.replicas,
         needs_code=spec.code is not None,
         **columns,
     )
@@ -287,9 +318,12 @@ def rerun(
     code_bundles.require_held(db, code, settings)
     try:
         # parse_spec: a stored spec past today's bounds is a SpecError, not a 500.
-        parsed = parse_spec(spec)
-        with registry.bundled_components(code_bundles.entry_points_of(db, code), str(code)):
-            registry.check_spec(parsed)
+        parsed = parse_any_spec(spec)
+        if isinstance(parsed, ScriptExperimentSpec):
+            check_script(db, parsed, settings)
+        else:
+            with registry.bundled_components(code_bundles.entry_points_of(db, code), str(code)):
+                registry.check_spec(parsed)
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
     datasets.require_held(db, (spec.get("dataset") or {}).get("data"))

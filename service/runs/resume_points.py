@@ -50,7 +50,8 @@ def steps_per_epoch(run: Run) -> int:
 
 
 def _steps_per_epoch(spec: dict[str, Any]) -> int:
-    return max(int(spec["dataset"]["train_batches"]), 1)
+    # A script's epochs are its own: it keeps epoch checkpoints only, ordered by epoch.
+    return max(int((spec.get("dataset") or {}).get("train_batches") or 1), 1)
 
 
 Kind = Literal["epoch", "step"]

@@ -27,7 +27,41 @@ _WHY: dict[str, str] = {
 }
 
 
+def script_arguments(args: Sequence[Any]) -> dict[str, Any]:
+    """A script's command line by argument: `--lr 0.01` and `--lr=0.01` as {"--lr": "0.01"},
+    a flag alone as True, anything else by position ("#0", ...), so a diff names what
+    changed rather than a whole list."""
+    named: dict[str, Any] = {}
+    items = [str(a) for a in args]
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item.startswith("-") and len(item) > 1 and not _number(item):
+            name, eq, value = item.partition("=")
+            if eq:
+                named[name] = value
+            elif i + 1 < len(items) and (not items[i + 1].startswith("-") or _number(items[i + 1])):
+                named[name] = items[i + 1]
+                i += 1
+            else:
+                named[name] = True
+        else:
+            named[f"#{i}"] = item
+        i += 1
+    return named
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if path == "script.args" and isinstance(value, list):
+        value = script_arguments(value) or value
     if isinstance(value, Mapping) and value:
         for key in sorted(value, key=str):
             _flatten(value[key], f"{path}.{key}" if path else str(key), out)

@@ -30,10 +30,14 @@ from typing import Any
 # The entry-point groups a bundle may declare components in: the kinds of component a spec
 # names (worker.models.registry.ENTRY_POINT_GROUPS). A custom layer has no such name: it goes
 # in the bundle's architecture, which builds the model with it.
+# A script's directory (`repro run train.py`) is a bundle too: its one entry point in the
+# scripts group names the file that runs, by its path in the bundle; nothing is imported.
+SCRIPT_GROUP = "reprotrain.scripts"
 GROUPS = (
     "reprotrain.generators",
     "reprotrain.architectures",
     "reprotrain.losses",
+    SCRIPT_GROUP,
 )
 MAX_MEMBERS = 2000  # files in one wheel
 MAX_MEMBER_BYTES = 64 * 1024**2  # one file, inflated
@@ -47,6 +51,7 @@ MAX_RECORD_BYTES = 4 * 1024**2
 MAX_ENTRY_POINTS_BYTES = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _ENTRY_VALUE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
+_SCRIPT_PATH = re.compile(r"^(?:[\w.-]+/)*[\w.-]+\.py$")
 
 
 class CodeBundleError(ValueError):
@@ -186,7 +191,8 @@ def _entry_points(zf: zipfile.ZipFile, dist_info: str) -> list[dict[str, str]]:
     found = []
     for group in parser.sections():
         for name, value in parser.items(group):
-            if not _NAME.match(name) or not _ENTRY_VALUE.match(value.strip()):
+            pattern = _SCRIPT_PATH if group == SCRIPT_GROUP else _ENTRY_VALUE
+            if not _NAME.match(name) or not pattern.match(value.strip()):
                 raise CodeBundleError(f"entry point {group}:{name} = {value!r} is malformed")
             found.append({"group": group, "name": name, "value": value.strip()})
     return found
@@ -240,6 +246,10 @@ def inspect_wheel(
             name, version = _metadata(zf, dist_info)
             files = _read_record(zf, dist_info)
             entry_points = _entry_points(zf, dist_info)
+            paths = {f["path"] for f in files}
+            for ep in entry_points:
+                if ep["group"] == SCRIPT_GROUP and ep["value"] not in paths:
+                    raise CodeBundleError(f"its script {ep['value']!r} is not among its files")
     except zipfile.BadZipFile as exc:
         raise CodeBundleError(f"not a wheel (zip): {exc}") from None
     except (OSError, EOFError, zipfile.LargeZipFile, NotImplementedError) as exc:
@@ -282,6 +292,8 @@ def load_entry_points(info: WheelInfo, *, digest: str) -> None:
     """Import each of the bundle's entry points once; BundleImportError naming the entry
     point and the missing module (or what else went wrong) when one cannot be loaded."""
     for ep in info.entry_points:
+        if ep["group"] == SCRIPT_GROUP:
+            continue  # a script runs in a process of its own
         module, _, attr = ep["value"].partition(":")
         where = f"entry point {ep['group']}:{ep['name']} ({ep['value']}) of code bundle {digest}"
         try:

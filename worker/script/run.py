@@ -32,13 +32,19 @@ from worker.record.trace import PointKind, TracePoint
 from worker.script.on_import import after_import
 from worker.spec import DeterminismSpec
 from worker.training.determinism import environment_mismatch, required_environment
+from worker.training.progress import ProgressReporter
 from worker.training.seeds import SeedTuple, derive_int_seed, resolve_seed, seed_tuple
 
 if TYPE_CHECKING:
     from worker.record.variable_reads import TrainingState
 
 RUNS_DIR_ENV = "REPRO_SCRIPT_RUNS_DIR"
-SEED_ENV = "REPRO_RUN_SEED"  # "A,B": the seed of the run a worker started the script for
+# Set by a worker that runs the script as a run's job (worker.script.job):
+SEED_ENV = "REPRO_RUN_SEED"  # "A,B": the run's seed, which init() takes over its own
+SPEC_HASH_ENV = "REPRO_RUN_SPEC_HASH"  # the run's spec hash, recorded instead of the script's
+DETERMINISM_ENV = "REPRO_RUN_DETERMINISM"  # the spec's determinism section, as JSON
+CHECKPOINT_DIR_ENV = "REPRO_RUN_CHECKPOINT_DIR"  # where each epoch's checkpoint goes
+PROGRESS_ENV = "REPRO_RUN_PROGRESS"  # "1": progress lines on stderr, for the worker
 _RESTARTED = "REPRO_SCRIPT_RESTARTED"  # set on the one restart init() makes
 _MAX_NAME = 200
 
@@ -77,7 +83,10 @@ def init(
                 "reprotrain.init() was called twice in one process; call run.finish() (or "
                 "use the run as a context manager) before starting another"
             )
-        spec = DeterminismSpec()
+        determinism = os.environ.get(DETERMINISM_ENV)
+        spec = (
+            DeterminismSpec.model_validate_json(determinism) if determinism else DeterminismSpec()
+        )
         # Only a script's own top level may be started again (not a test suite, not a
         # library that calls init for it).
         from_main = sys._getframe(1).f_globals.get("__name__") == "__main__"
@@ -177,6 +186,9 @@ class ScriptRun:
         self._metrics_file: IO[str] | None = None
         self._state: tuple[tuple[int, int, int, int], TrainingState] | None = None
         self._failed = False
+        checkpoints = os.environ.get(CHECKPOINT_DIR_ENV)
+        self._checkpoint_dir = Path(checkpoints) if checkpoints else None
+        self._progress = ProgressReporter() if os.environ.get(PROGRESS_ENV) == "1" else None
         self._record: dict[str, Any] = {
             "id": self.id,
             "kind": "script",
@@ -195,6 +207,7 @@ class ScriptRun:
             "trace": [],
             "metrics": [],
             "artifacts": [],
+            "checkpoints": [],
         }
 
     # -- start and end -----------------------------------------------------------------------
@@ -244,6 +257,8 @@ class ScriptRun:
             self._write()
             warnings.warn(message, DeterminismWarning, stacklevel=2)
             return
+        # The job runtime reseeds every epoch; a script is seeded once, and draws on.
+        record["reseed"] = "once, at reprotrain.init()"
         self._record["determinism"] = record
         self._record["provenance"] = capture_provenance(
             spec_hash=self.spec_hash, seed=self.seed, determinism=record
@@ -252,7 +267,11 @@ class ScriptRun:
 
     @property
     def spec_hash(self) -> str:
-        """What makes two runs the same experiment: the script, its arguments and params."""
+        """What makes two runs the same experiment: the run's spec hash when a worker runs
+        the script for a run; else the script, its arguments and params."""
+        given = os.environ.get(SPEC_HASH_ENV)
+        if given:
+            return given
         script = self._record["script"]
         material = {
             "kind": "script",
@@ -368,6 +387,10 @@ class ScriptRun:
         self._open()
         if kind is None:
             kind = "init" if step == 0 and not epoch else ("epoch" if epoch else "step")
+        if optimizer is not None and getattr(optimizer, "built", True) is False:
+            # Keras builds an optimizer's slots at its first step; built now (the same zeros,
+            # in the same order), every trace point holds the same variables.
+            optimizer.build(model.trainable_variables)
         self._steps = int(step)
         # The state is kept while its variables stay the same ones, so its read handles and
         # hashing lanes are found once (an optimizer builds its variables at the first step).
@@ -388,8 +411,41 @@ class ScriptRun:
             variables=fp.variables,
         )
         self._record["trace"].append(point.model_dump())
+        if kind == "epoch":
+            self._end_of_epoch(point)
         self._write()
         return point
+
+    def _end_of_epoch(self, point: TracePoint) -> None:
+        """A worker's run: keep the epoch's checkpoint and say so (the agent uploads it)."""
+        if self._progress is not None:
+            self._progress.emit(
+                "epoch_end", epoch=point.epoch, step=point.step, fingerprint=point.fingerprint
+            )
+        if self._checkpoint_dir is None or self._state is None:
+            return
+        from worker.record.checkpoint import save_checkpoint
+
+        name = f"epoch-{point.epoch:06d}.json"
+        checkpoints = [*self._record["checkpoints"], name]
+        meta = {
+            "spec_hash": self.spec_hash,
+            "seed": list(self.seed),
+            "fingerprint": point.fingerprint,
+            "trace": self._record["trace"],
+            "metrics": self._record["metrics"],
+            "checkpoints": checkpoints,
+        }
+        save_checkpoint(
+            self._checkpoint_dir,
+            epoch=point.epoch,
+            step=point.step,
+            state=self._state[1],
+            meta=meta,
+        )
+        self._record["checkpoints"] = checkpoints
+        if self._progress is not None:
+            self._progress.emit("checkpoint", epoch=point.epoch, step=point.step, path=name)
 
     # -- the record ----------------------------------------------------------------------------
 

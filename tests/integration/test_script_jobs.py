@@ -1,0 +1,138 @@
+"""Your own training script as a run, end to end against a real `repro serve` and a process
+worker started with `--trust-code`: `repro run train.py -- ARGS` ships the script's directory
+by digest and the worker runs it with the run's seed; `repro rerun` gives `identical` for
+both examples (a Keras `model.fit` script and a custom GradientTape loop); a one-line change
+(a layer width) gives `diverged`, cause compute, naming the changed file; a changed `--lr`
+argument is named by the spec diff. The server checks each final fingerprint against the
+uploaded checkpoint of the last epoch, as it does for every run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_runner import repro
+from tests.integration.service_procs import Service, trusting_service
+
+pytestmark = [pytest.mark.slow]
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with trusting_service(tmp_path_factory.mktemp("script-jobs")) as svc:
+        yield svc
+
+
+def cli(service: Service, *args: str, expect: int = 0) -> str:
+    # The API's options before a `--`, after which everything is the script's.
+    command, rest = args[0], args[1:]
+    api = ("--api", service.url, "--token", service.admin_token)
+    done = repro(command, *api, *rest, timeout=600)
+    assert done.returncode == expect, done.stdout + done.stderr
+    return done.stdout
+
+
+def run_script(service: Service, script: Path, *args: str, seed: int = 7) -> dict[str, Any]:
+    """`repro run SCRIPT --wait -- ARGS`: the finished run's detail."""
+    out = cli(service, "run", str(script), "--seed", str(seed), "--wait", "--", *args)
+    run_id = int(re.search(r"\brun (\d+)\b", out).group(1))  # type: ignore[union-attr]
+    run: dict[str, Any] = service.client.get(f"/api/v1/runs/{run_id}").json()
+    assert run["status"] == "succeeded", run.get("error")
+    return run
+
+
+def compare(service: Service, a: int, b: int) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(cli(service, "compare", str(a), str(b), "--json", expect=1))
+    return report
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [("fit_digits.py", ["--epochs", "2"]), ("gradient_tape.py", ["--epochs", "2"])],
+)
+def test_a_script_run_reruns_identical(service: Service, script: str, args: list[str]) -> None:
+    first = run_script(service, SCRIPTS / script, *args)
+    spec = first["spec"]
+    assert spec["kind"] == "script"
+    assert spec["script"] == {"entry": script, "args": args}
+    assert spec["seed"] == [7, 0]
+    provenance = first["provenance"]
+    assert script in provenance["code"]["files"]
+    assert provenance["script_run"]["params"]["epochs"] == 2
+    assert provenance["seed"] == [7, 0]
+    assert [row["epoch"] for row in first["metrics"]] == [1, 2]
+    # Succeeded: the server recomputed the final fingerprint from the uploaded checkpoint.
+    assert first["final_fingerprint"] == first["trace"][-1]["fingerprint"]
+    assert first["checkpoint_epoch"] == 2
+    assert first["result_summary"]["determinism"]["reseed"] == "once, at reprotrain.init()"
+
+    out = cli(service, "rerun", str(first["id"]), "--wait")
+    assert "identical" in out, out
+    rerun_id = int(re.search(r"\brun (\d+)\b", out).group(1))  # type: ignore[union-attr]
+    rerun = service.client.get(f"/api/v1/runs/{rerun_id}").json()
+    assert rerun["verdict"] == "identical"
+    assert rerun["final_fingerprint"] == first["final_fingerprint"]
+
+    page = service.dashboard().get(f"/runs/{rerun_id}")
+    assert page.status_code == 200, page.text[-2000:]
+    assert script in page.text and "identical" in page.text
+
+
+def test_a_changed_width_and_a_changed_argument_are_named(service: Service, tmp_path: Path) -> None:
+    directory = tmp_path / "digits"
+    shutil.copytree(SCRIPTS, directory)
+    script = directory / "fit_digits.py"
+    base = run_script(service, script, "--epochs", "1")
+
+    text = script.read_text()
+    assert 'add_argument("--width", type=int, default=16)' in text
+    script.write_text(text.replace("default=16)", "default=24)"))
+    wider = run_script(service, script, "--epochs", "1")
+    report = compare(service, base["id"], wider["id"])
+    assert report["verdict"] == "diverged"
+    assert report["cause"] == "compute"
+    assert report["first_divergence"]["kind"] == "init"
+    assert [f["path"] for f in report["code_files_differing"]] == ["fit_digits.py"]
+    assert "fit_digits.py" in report["explanation"]
+
+    script.write_text(text)
+    faster = run_script(service, script, "--epochs", "1", "--lr", "0.01")
+    report = compare(service, base["id"], faster["id"])
+    assert report["verdict"] == "diverged"
+    fields = {d["path"]: (d["a"], d["b"]) for d in report["spec_diff"]}
+    assert fields == {"script.args.--lr": (None, "0.01")}, report["spec_diff"]
+    assert "script.args.--lr" in report["explanation"]
+
+
+def test_a_script_the_server_cannot_run_is_refused_at_submit(
+    service: Service, tmp_path: Path
+) -> None:
+    from service.client.script_bundle import build_script_wheel
+    from tests.integration.test_code_bundles import pushed_digest
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.py").write_text("import reprotrain\n")
+    wheel = build_script_wheel(tmp_path / "d", "train.py", tmp_path / "out")
+    code = pushed_digest(service.client, wheel.read_bytes(), name="d")
+
+    def refused(spec: dict[str, Any]) -> list[str]:
+        answer = service.client.post("/api/v1/experiments", json=spec)
+        assert answer.status_code == 422, answer.text
+        return [e["loc"] for e in answer.json()["errors"]]
+
+    spec = {"kind": "script", "name": "d", "script": {"entry": "other.py"}, "code": code}
+    assert refused(spec) == ["script.entry"]
+    assert refused({**spec, "code": "sha256:" + "0" * 64}) == ["code"]
+    assert refused({**spec, "script": {"entry": "../train.py"}}) == ["script.entry"]
+
+    done = repro("run", str(tmp_path / "d" / "train.py"), "--out", "x.json", timeout=60)
+    assert done.returncode == 2
+    assert "a script run does not take --out" in done.stderr
