@@ -490,16 +490,13 @@ def _script_job(
     if unsupported:
         msg = f"a script experiment's job does not take {', '.join(unsupported)}"
         return _failure(SpecError(msg), JobResult(status="failed"), phase="spec")
-    result = run_script_job(
-        spec, reporter=reporter, code_file=args.code_file, checkpoint_dir=args.checkpoint_dir
+    return run_script_job(
+        spec,
+        reporter=reporter,
+        code_file=args.code_file,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
     )
-    if args.resume:
-        result.warnings.insert(
-            0,
-            "a script run does not resume from its checkpoints yet: this attempt trained "
-            "from the start (bitwise the same, only slower)",
-        )
-    return result
 
 
 def _spec_job(

@@ -38,12 +38,17 @@ with reprotrain.init(project="blobs", name="tape", params=vars(args), seed=args.
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
-    step = 0
-    run.trace_point(step=0, model=model, optimizer=optimizer)
-    for epoch in range(1, args.epochs + 1):
+    # A run its worker stopped continues from its last checkpoint: restore() returns the
+    # epochs done (0 on a fresh run). Each epoch's shuffle depends on the epoch alone, so
+    # the resumed run trains exactly what an uninterrupted one would.
+    start = run.restore(model, optimizer)
+    step = run.step
+    run.trace_point(step=0, model=model, optimizer=optimizer)  # kept once, on a resume too
+    for epoch in range(start + 1, args.epochs + 1):
         for x, y in data.shuffle(600, seed=epoch).batch(32):
             loss = train_step(x, y)
             step += 1
+        # The epoch's metrics before its trace point, whose checkpoint keeps them.
+        run.log_metrics({"loss": float(loss)}, epoch=epoch, step=step)
         run.trace_point(step=step, epoch=epoch, model=model, optimizer=optimizer)
-        run.log_metrics({"loss": float(loss)}, epoch=epoch)
     print(f"run {run.id}: {run.record['trace'][-1]['fingerprint']}")

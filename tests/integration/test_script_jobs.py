@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.cli_runner import repro
-from tests.integration.service_procs import Service, trusting_service
+from tests.integration.service_procs import Service, WorkerProc, trusting_service
 
 pytestmark = [pytest.mark.slow]
 
@@ -136,3 +138,62 @@ def test_a_script_the_server_cannot_run_is_refused_at_submit(
     done = repro("run", str(tmp_path / "d" / "train.py"), "--out", "x.json", timeout=60)
     assert done.returncode == 2
     assert "a script run does not take --out" in done.stderr
+
+
+def test_a_script_stopped_after_epoch_2_of_4_resumes_identical(tmp_path: Path) -> None:
+    directory = tmp_path / "digits"
+    shutil.copytree(SCRIPTS, directory)
+    script = directory / "fit_digits.py"
+    # A pause after each epoch (after its checkpoint) leaves time to stop the worker there;
+    # sleeping changes no number.
+    text = script.read_text()
+    pause = "keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: time.sleep(2))"
+    assert "callbacks=[run.keras_callback()]" in text
+    script.write_text(
+        "import time\n"
+        + text.replace(
+            "callbacks=[run.keras_callback()]", f"callbacks=[run.keras_callback(), {pause}]"
+        )
+    )
+    service = Service(tmp_path / "data", extra=("--no-demo",))
+    workers: list[WorkerProc] = []
+
+    def worker(name: str) -> WorkerProc:
+        token = service.token("worker", name)
+        workers.append(
+            WorkerProc(
+                service.url, tmp_path / name, token=token, name=name, extra=("--trust-code",)
+            )
+        )
+        return workers[-1]
+
+    try:
+        service.wait_ready()
+        first = worker("first")
+        reference = run_script(service, script, "--epochs", "4")
+
+        out = cli(service, "run", str(script), "--seed", "7", "--", "--epochs", "4")
+        run_id = int(re.search(r"\brun (\d+)\b", out).group(1))  # type: ignore[union-attr]
+        deadline = time.monotonic() + 300
+        while (service.client.get(f"/api/v1/runs/{run_id}").json()["checkpoint_epoch"] or 0) < 2:
+            assert time.monotonic() < deadline, first.log.read_text()[-3000:]
+            time.sleep(0.1)
+        first.signal(signal.SIGTERM)  # the job is in its pause after epoch 2
+        stopped = service.client.get(f"/api/v1/runs/{run_id}").json()
+        assert stopped["status"] == "queued", stopped
+        assert stopped["checkpoint_epoch"] == 2
+        assert f"run {run_id} interrupted" in first.log.read_text()
+
+        second = worker("second")
+        done = service.wait_run(run_id, timeout=300)
+        assert f"run {run_id} attempt" in second.log.read_text()
+    finally:
+        for w in workers:
+            w.stop()
+        service.stop()
+    assert done["status"] == "succeeded", done["error"]
+    assert done["result_summary"]["resumed_from_epoch"] == 2
+    assert [p["epoch"] for p in done["trace"] if p["kind"] == "epoch"] == [1, 2, 3, 4]
+    assert [row["epoch"] for row in done["metrics"]] == [1, 2, 3, 4]
+    assert done["final_fingerprint"] == reference["final_fingerprint"]
+    assert done["trace"] == reference["trace"]

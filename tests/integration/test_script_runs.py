@@ -23,11 +23,14 @@ pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 
 
-def _run_script(script: str, runs: Path, *args: str) -> dict[str, Any]:
+def _run_script(
+    script: str, runs: Path, *args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run an example as a user would (`python script.py ...`); its one new record."""
     before = set(runs.glob("*/run.json")) if runs.exists() else set()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-    env.update({"REPRO_SCRIPT_RUNS_DIR": str(runs), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    environ.update({"REPRO_SCRIPT_RUNS_DIR": str(runs), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    env = {**environ, **(env or {})}
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / script), *args],
         env=env,
@@ -83,3 +86,32 @@ def test_the_gradient_tape_example_records_the_same_trace_twice(tmp_path: Path) 
     ]
     assert first["trace"] == again["trace"]
     assert [m["name"] for m in first["metrics"]] == ["loss", "loss"]
+
+
+@pytest.mark.parametrize("script", ["fit_digits.py", "gradient_tape.py"])
+def test_a_run_resumed_from_its_epoch_2_checkpoint_ends_as_the_whole_run(
+    script: str, tmp_path: Path
+) -> None:
+    """As a worker runs a script: the run's seed, spec hash and checkpoint directory in the
+    environment. The whole run keeps a checkpoint per epoch; with those of epochs 3 and 4
+    removed, a resumed run restores epoch 2 (the callback itself, or the loop's
+    `run.restore`) and records the rest of the trace bit for bit."""
+    checkpoints = tmp_path / "checkpoints"
+    env = {
+        "REPRO_RUN_SEED": "5,0",
+        "REPRO_RUN_SPEC_HASH": "sha256:" + "1" * 64,
+        "REPRO_RUN_CHECKPOINT_DIR": str(checkpoints),
+    }
+    whole = _run_script(script, tmp_path / "runs", "--epochs", "4", env=env)
+    assert whole["checkpoints"] == [f"epoch-{e:06d}.json" for e in (1, 2, 3, 4)]
+    for epoch in (3, 4):
+        for suffix in ("json", "npz"):
+            (checkpoints / f"epoch-{epoch:06d}.{suffix}").unlink()
+
+    resumed = _run_script(
+        script, tmp_path / "runs", "--epochs", "4", env={**env, "REPRO_RUN_RESUME": "1"}
+    )
+    assert resumed["resumed_from_epoch"] == 2
+    assert resumed["trace"] == whole["trace"]
+    assert resumed["final_fingerprint"] == whole["final_fingerprint"]
+    assert [m["epoch"] for m in resumed["metrics"]] == [m["epoch"] for m in whole["metrics"]]

@@ -33,6 +33,7 @@ from worker.script.run import (
     CHECKPOINT_DIR_ENV,
     DETERMINISM_ENV,
     PROGRESS_ENV,
+    RESUME_ENV,
     RUNS_DIR_ENV,
     SEED_ENV,
     SPEC_HASH_ENV,
@@ -103,8 +104,11 @@ def run_script_job(
     reporter: ProgressReporter,
     code_file: Path | None,
     checkpoint_dir: Path | None = None,
+    resume: bool = False,
 ) -> JobResult:
-    """Run the spec's script to its end and return its result document (never raises)."""
+    """Run the spec's script to its end and return its result document (never raises).
+    With `resume`, the script's `init()` continues from the newest checkpoint of the spec
+    in `checkpoint_dir` (the Keras callback restores it; a custom loop calls `run.restore`)."""
     seed = resolve_seed(spec.seed)
     resolved = spec.with_seed(seed)
     result = JobResult(
@@ -124,6 +128,8 @@ def run_script_job(
         env = script_environment(
             resolved, seed=seed, runs_dir=runs_dir, checkpoint_dir=checkpoint_dir
         )
+        if resume:
+            env[RESUME_ENV] = "1"
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         code, signalled = _run(
             [sys.executable, resolved.script.entry, *resolved.script.args], directory, env
@@ -198,6 +204,7 @@ def _take_record(
     }
     result.warnings = list(record.get("warnings") or [])
     result.checkpoints = list(record.get("checkpoints") or [])
+    result.resumed_from_epoch = record.get("resumed_from_epoch")
     epochs = [p.epoch for p in trace if p.kind == "epoch"]
     if signalled:
         result.status = "interrupted"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import keras
+
+from worker.training.determinism import reseed
 
 if TYPE_CHECKING:
     from worker.script.run import ScriptRun
@@ -28,11 +31,18 @@ class TraceCallback(keras.callbacks.Callback):  # type: ignore[misc]
         return getattr(self.model, "optimizer", None)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.run.resume_epoch:
+            self.run.restore(self.model, self._optimizer())
+            self._step = self.run.step
         if not self.run.has_trace:
             self.run.trace_point(step=0, model=self.model, optimizer=self._optimizer())
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch + 1
+        # Python's, NumPy's and Keras's global generators from (seed, epoch), as the job
+        # runtime does, so a run resumed at this epoch draws what it would have drawn.
+        # TensorFlow's global seed stays: setting it would retrace every compiled step.
+        reseed(self.run.seed, "epoch", self._epoch, tensorflow=False)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._step += 1
@@ -46,6 +56,10 @@ class TraceCallback(keras.callbacks.Callback):  # type: ignore[misc]
             )
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        # The metrics first: the epoch's checkpoint, written at its trace point, keeps them.
+        numbers = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
+        if numbers:
+            self.run.log_metrics(numbers, step=self._step, epoch=epoch + 1)
         self.run.trace_point(
             step=self._step,
             epoch=epoch + 1,
@@ -53,9 +67,6 @@ class TraceCallback(keras.callbacks.Callback):  # type: ignore[misc]
             model=self.model,
             optimizer=self._optimizer(),
         )
-        numbers = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
-        if numbers:
-            self.run.log_metrics(numbers, step=self._step, epoch=epoch + 1)
 
 
 def _is_number(value: Any) -> bool:
@@ -64,3 +75,23 @@ def _is_number(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def resume_fit(run: ScriptRun) -> None:
+    """Make `model.fit` of a resumed run start at the epoch after its checkpoint: each call
+    with the run's callback and no `initial_epoch` of its own gets it (once restored, the
+    run's resume epoch is 0, and later calls train as they say)."""
+    original = keras.Model.fit
+    if getattr(original, "_reprotrain_resume", False):
+        return
+
+    @functools.wraps(original)
+    def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+        callbacks = kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or []
+        ours = any(isinstance(c, TraceCallback) and c.run is run for c in callbacks)
+        if ours and run.resume_epoch and "initial_epoch" not in kwargs and len(args) < 11:
+            kwargs["initial_epoch"] = run.resume_epoch
+        return original(model, *args, **kwargs)
+
+    fit._reprotrain_resume = True  # type: ignore[attr-defined]
+    keras.Model.fit = fit

@@ -36,6 +36,7 @@ from worker.training.progress import ProgressReporter
 from worker.training.seeds import SeedTuple, derive_int_seed, resolve_seed, seed_tuple
 
 if TYPE_CHECKING:
+    from worker.record.checkpoint import Checkpoint
     from worker.record.variable_reads import TrainingState
 
 RUNS_DIR_ENV = "REPRO_SCRIPT_RUNS_DIR"
@@ -45,6 +46,7 @@ SPEC_HASH_ENV = "REPRO_RUN_SPEC_HASH"  # the run's spec hash, recorded instead o
 DETERMINISM_ENV = "REPRO_RUN_DETERMINISM"  # the spec's determinism section, as JSON
 CHECKPOINT_DIR_ENV = "REPRO_RUN_CHECKPOINT_DIR"  # where each epoch's checkpoint goes
 PROGRESS_ENV = "REPRO_RUN_PROGRESS"  # "1": progress lines on stderr, for the worker
+RESUME_ENV = "REPRO_RUN_RESUME"  # "1": continue from the newest checkpoint in the directory
 _RESTARTED = "REPRO_SCRIPT_RESTARTED"  # set on the one restart init() makes
 _MAX_NAME = 200
 
@@ -189,6 +191,8 @@ class ScriptRun:
         checkpoints = os.environ.get(CHECKPOINT_DIR_ENV)
         self._checkpoint_dir = Path(checkpoints) if checkpoints else None
         self._progress = ProgressReporter() if os.environ.get(PROGRESS_ENV) == "1" else None
+        self._resume: Checkpoint | None = None  # the checkpoint to continue from, until restored
+        self._resumed = False
         self._record: dict[str, Any] = {
             "id": self.id,
             "kind": "script",
@@ -214,6 +218,8 @@ class ScriptRun:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=False)
+        if os.environ.get(RESUME_ENV) == "1" and self._checkpoint_dir is not None:
+            self._load_resume_point(self._checkpoint_dir)
         # Python's and NumPy's generators now; TensorFlow and Keras as soon as the script
         # has imported TensorFlow (at once if it already has).
         random.seed(derive_int_seed(self.seed, "python"))
@@ -233,6 +239,52 @@ class ScriptRun:
             previous(*exc_info)
 
         sys.excepthook = note_failure
+
+    def _load_resume_point(self, directory: Path) -> None:
+        """Take the record of the newest checkpoint of this run's spec: its trace, metrics
+        and checkpoints; its variables are restored once the model exists (`restore`)."""
+        from worker.record.checkpoint import load_latest
+
+        found, skipped = load_latest(directory, spec_hash=self.spec_hash)
+        self._record["warnings"].extend(skipped)
+        if found is None or found.kind != "epoch":
+            return
+        meta = found.meta
+        self._record.update(
+            trace=list(meta.get("trace") or []),
+            metrics=list(meta.get("metrics") or []),
+            checkpoints=list(meta.get("checkpoints") or []),
+            resumed_from_epoch=found.epoch,
+        )
+        self._steps = found.step
+        self._resume = found
+
+    @property
+    def resume_epoch(self) -> int:
+        """The epochs a resumed run has done already, until `restore` has restored them."""
+        return self._resume.epoch if self._resume is not None and not self._resumed else 0
+
+    @property
+    def step(self) -> int:
+        """The global step of the last trace point (a resumed run: its checkpoint's)."""
+        return self._steps
+
+    def restore(self, model: Any, optimizer: Any | None = None) -> int:
+        """Continue a run its worker stopped: put the checkpoint's values into `model` and
+        `optimizer` and return the epochs done (0 for a run that starts afresh). The Keras
+        callback calls it itself; a custom loop calls it once both exist and starts at the
+        epoch after. For a bitwise-equal resume, an epoch's randomness must depend on the
+        seed and the epoch alone (e.g. `dataset.shuffle(n, seed=epoch)`)."""
+        if self._resume is None or self._resumed:
+            return 0
+        from worker.record.checkpoint import restore
+        from worker.record.variable_reads import training_state
+
+        if optimizer is not None and getattr(optimizer, "built", True) is False:
+            optimizer.build(model.trainable_variables)
+        restore(self._resume, training_state(model, optimizer))
+        self._resumed = True
+        return self._resume.epoch
 
     def _set_up_tensorflow(self, done: ModuleType) -> None:
         """Once TensorFlow, and Keras if it is being imported, have finished importing
@@ -263,6 +315,10 @@ class ScriptRun:
         self._record["provenance"] = capture_provenance(
             spec_hash=self.spec_hash, seed=self.seed, determinism=record
         )
+        if self._resume is not None:
+            from worker.script.keras_callback import resume_fit
+
+            resume_fit(self)
         self._write()
 
     @property
@@ -380,7 +436,9 @@ class ScriptRun:
         kind: PointKind | None = None,
     ) -> TracePoint:
         """Record the fingerprint of `model` and `optimizer` now (a custom training loop
-        calls it after its steps; `epoch` given and no `kind`: the end of that epoch)."""
+        calls it after its steps; `epoch` given and no `kind`: the end of that epoch, whose
+        checkpoint a worker's run keeps with the metrics logged so far: log an epoch's
+        metrics before its trace point)."""
         from worker.record.fingerprint import fingerprint_state
         from worker.record.variable_reads import training_state
 
@@ -391,6 +449,14 @@ class ScriptRun:
             # Keras builds an optimizer's slots at its first step; built now (the same zeros,
             # in the same order), every trace point holds the same variables.
             optimizer.build(model.trainable_variables)
+        if self._resume is not None:  # a point the resumed run has already: not recorded twice
+            for recorded in self._record["trace"]:
+                if (recorded["kind"], recorded["epoch"], recorded["step"]) == (
+                    kind,
+                    int(epoch or 0),
+                    int(step),
+                ):
+                    return TracePoint.model_validate(recorded)
         self._steps = int(step)
         # The state is kept while its variables stay the same ones, so its read handles and
         # hashing lanes are found once (an optimizer builds its variables at the first step).
