@@ -479,8 +479,6 @@ def _script_job(
         f"--{name.replace('_', '-')}"
         for name in (
             "stop_after_epoch",
-            "trace_every_steps",
-            "until_epoch",
             "until_step",
             "dataset_file",
             "model_file",
@@ -496,6 +494,8 @@ def _script_job(
         code_file=args.code_file,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        until_epoch=args.until_epoch,
+        trace_every_steps=args.trace_every_steps,
     )
 
 

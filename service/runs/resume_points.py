@@ -13,6 +13,7 @@ every checkpoint file but its complete epoch checkpoints goes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import ColumnElement, ScalarSelect, select
 from sqlalchemy.orm import Session
 
-from service.persistence.models import Artifact, Run
+from service.persistence.models import Artifact, Run, TracePointRow
 from service.persistence.rows_as_json import json_rows
 from service.storage import artifacts
 
@@ -92,7 +93,18 @@ def complete_checkpoints(db: Session, run: Run) -> list[ResumePoint]:
         select(Artifact).where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
     )
     files = ((art.name, art.epoch, art) for art in found)
-    return [ResumePoint(*point) for point in _complete(files, steps_per_epoch(run))]
+    points = [ResumePoint(*point) for point in _complete(files, steps_per_epoch(run))]
+    if run.experiment.spec.get("kind") != "script" or not points:
+        return points
+    # A script's epochs have the steps it took, which its trace says, not a spec.
+    steps = dict(
+        db.execute(
+            select(TracePointRow.epoch, TracePointRow.step).where(
+                TracePointRow.run_id == run.id, TracePointRow.kind == "epoch"
+            )
+        ).all()
+    )
+    return [dataclasses.replace(p, step=steps.get(p.epoch, p.step)) for p in points]
 
 
 def checkpoint_files(run_id: ColumnElement[int]) -> ScalarSelect[Any]:

@@ -140,7 +140,9 @@ def test_a_script_the_server_cannot_run_is_refused_at_submit(
     assert "a script run does not take --out" in done.stderr
 
 
-def test_a_script_stopped_after_epoch_2_of_4_resumes_identical(tmp_path: Path) -> None:
+def test_a_script_stopped_after_epoch_2_of_4_resumes_identical_and_spot_checks_verify(
+    tmp_path: Path,
+) -> None:
     directory = tmp_path / "digits"
     shutil.copytree(SCRIPTS, directory)
     script = directory / "fit_digits.py"
@@ -187,6 +189,13 @@ def test_a_script_stopped_after_epoch_2_of_4_resumes_identical(tmp_path: Path) -
         second = worker("second")
         done = service.wait_run(run_id, timeout=300)
         assert f"run {run_id} attempt" in second.log.read_text()
+
+        # The reference, trained by the first worker alone, spot-checked by the second: each
+        # of its four epochs replayed from the checkpoint before it, bit for bit.
+        out = cli(service, "spot-check", str(reference["id"]), "--segments", "4", "--wait")
+        assert "verified" in out, out
+        checked = service.client.get(f"/api/v1/runs/{reference['id']}").json()
+        assert checked["spot_check"] == "verified"
     finally:
         for w in workers:
             w.stop()

@@ -37,6 +37,8 @@ from worker.script.run import (
     RUNS_DIR_ENV,
     SEED_ENV,
     SPEC_HASH_ENV,
+    TRACE_EVERY_ENV,
+    UNTIL_EPOCH_ENV,
 )
 from worker.spec import ScriptExperimentSpec
 from worker.training.determinism import required_environment
@@ -105,10 +107,14 @@ def run_script_job(
     code_file: Path | None,
     checkpoint_dir: Path | None = None,
     resume: bool = False,
+    until_epoch: int | None = None,
+    trace_every_steps: int | None = None,
 ) -> JobResult:
     """Run the spec's script to its end and return its result document (never raises).
     With `resume`, the script's `init()` continues from the newest checkpoint of the spec
-    in `checkpoint_dir` (the Keras callback restores it; a custom loop calls `run.restore`)."""
+    in `checkpoint_dir` (the Keras callback restores it; a custom loop calls `run.restore`).
+    `until_epoch` ends it after that epoch (a replay of a stretch); `trace_every_steps` has
+    the Keras callback trace every N steps (a custom loop traces where it does)."""
     seed = resolve_seed(spec.seed)
     resolved = spec.with_seed(seed)
     result = JobResult(
@@ -130,6 +136,10 @@ def run_script_job(
         )
         if resume:
             env[RESUME_ENV] = "1"
+        if until_epoch is not None:
+            env[UNTIL_EPOCH_ENV] = str(until_epoch)
+        if trace_every_steps is not None:
+            env[TRACE_EVERY_ENV] = str(trace_every_steps)
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
         code, signalled = _run(
             [sys.executable, resolved.script.entry, *resolved.script.args], directory, env
@@ -205,6 +215,7 @@ def _take_record(
     result.warnings = list(record.get("warnings") or [])
     result.checkpoints = list(record.get("checkpoints") or [])
     result.resumed_from_epoch = record.get("resumed_from_epoch")
+    result.until_epoch = record.get("stopped_at_epoch")
     epochs = [p.epoch for p in trace if p.kind == "epoch"]
     if signalled:
         result.status = "interrupted"

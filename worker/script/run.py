@@ -47,6 +47,8 @@ DETERMINISM_ENV = "REPRO_RUN_DETERMINISM"  # the spec's determinism section, as 
 CHECKPOINT_DIR_ENV = "REPRO_RUN_CHECKPOINT_DIR"  # where each epoch's checkpoint goes
 PROGRESS_ENV = "REPRO_RUN_PROGRESS"  # "1": progress lines on stderr, for the worker
 RESUME_ENV = "REPRO_RUN_RESUME"  # "1": continue from the newest checkpoint in the directory
+UNTIL_EPOCH_ENV = "REPRO_RUN_UNTIL_EPOCH"  # E: end the run at the end of epoch E (a replay)
+TRACE_EVERY_ENV = "REPRO_RUN_TRACE_EVERY_STEPS"  # N: the Keras callback traces every N steps
 _RESTARTED = "REPRO_SCRIPT_RESTARTED"  # set on the one restart init() makes
 _MAX_NAME = 200
 
@@ -192,6 +194,8 @@ class ScriptRun:
         self._checkpoint_dir = Path(checkpoints) if checkpoints else None
         self._progress = ProgressReporter() if os.environ.get(PROGRESS_ENV) == "1" else None
         self._resume: Checkpoint | None = None  # the checkpoint to continue from, until restored
+        until = os.environ.get(UNTIL_EPOCH_ENV)
+        self._until_epoch = int(until) if until else None
         self._resumed = False
         self._record: dict[str, Any] = {
             "id": self.id,
@@ -424,6 +428,10 @@ class ScriptRun:
         `every_steps` steps), with each epoch's metrics."""
         from worker.script.keras_callback import TraceCallback
 
+        asked = os.environ.get(TRACE_EVERY_ENV)  # a re-trace of a stretch, finer than the run's
+        if asked:
+            every_steps = int(asked)
+            self._record["trace_granularity"] = f"steps:{every_steps}"
         return TraceCallback(self, every_steps=every_steps)
 
     def trace_point(
@@ -480,7 +488,18 @@ class ScriptRun:
         if kind == "epoch":
             self._end_of_epoch(point)
         self._write()
+        if kind == "epoch" and self._until_epoch is not None and point.epoch >= self._until_epoch:
+            self._stop_here(point.epoch)
         return point
+
+    def _stop_here(self, epoch: int) -> None:
+        """A replay asked to end at this epoch: the run is recorded as it stands and the
+        process ends now, whatever the script would do next."""
+        self._record["stopped_at_epoch"] = epoch
+        self.finish("succeeded")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def _end_of_epoch(self, point: TracePoint) -> None:
         """A worker's run: keep the epoch's checkpoint and say so (the agent uploads it)."""
