@@ -13,6 +13,7 @@ model.fit(x, y, epochs=4, callbacks=[run.keras_callback()])
 
 from __future__ import annotations
 
+from . import generator_marks  # first: where the global generators stand before any import
 from .admin import Tokens
 from .client import Client, Run, RunPage
 from .errors import (
@@ -94,6 +95,9 @@ __all__ = [
     "Unreachable",
     "WaitTimeout",
 ]
+
+
+generator_marks.imported()
 
 
 def __getattr__(name: str) -> object:

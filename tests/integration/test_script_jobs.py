@@ -206,3 +206,17 @@ def test_a_script_stopped_after_epoch_2_of_4_resumes_identical_and_spot_checks_v
     assert [row["epoch"] for row in done["metrics"]] == [1, 2, 3, 4]
     assert done["final_fingerprint"] == reference["final_fingerprint"]
     assert done["trace"] == reference["trace"]
+
+
+def test_a_shuffle_before_init_reruns_identical(service: Service, tmp_path: Path) -> None:
+    """The worker seeds Python's and NumPy's generators before the script starts, so even
+    a split drawn before `init()` is the same on every run of it."""
+    from tests.unit.test_script_specs import SHUFFLES_FIRST
+
+    (tmp_path / "d").mkdir()
+    script = tmp_path / "d" / "train.py"
+    script.write_text(SHUFFLES_FIRST)
+    first = run_script(service, script)
+    assert not [w for w in first["result_summary"]["warnings"] if "was drawn from" in w]
+    out = cli(service, "rerun", str(first["id"]), "--wait")
+    assert "identical" in out, out

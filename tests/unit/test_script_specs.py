@@ -240,3 +240,75 @@ def test_a_script_that_raises_fails_with_its_exit_code(tmp_path: Path) -> None:
     assert result.status == "failed"
     assert result.error is not None
     assert "exited with code 4" in result.error.message
+
+
+# Shuffles with NumPy's global generator before init() seeds it, then records the order as
+# the one variable of a stand-in model (what fingerprints read: a path and a value).
+SHUFFLES_FIRST = """\
+import numpy as np
+
+order = np.random.permutation(1000)
+
+import reprotrain
+
+run = reprotrain.init(name="shuffled")
+
+
+class Weights:
+    path = "order"
+
+    def __init__(self, value):
+        self.value = value
+        self.shape = value.shape
+
+    def numpy(self):
+        return self.value
+
+
+class Model:
+    variables = [Weights(order.astype("float32"))]
+    trainable_variables = variables
+
+
+run.trace_point(step=0, model=Model())
+run.trace_point(step=1, epoch=1, model=Model())
+run.finish()
+"""
+
+
+def test_a_shuffle_before_init_is_warned_about_when_run_by_hand(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    python_first = "import random\nrandom.shuffle(files := list(range(9)))\n"
+    init = "import reprotrain\nreprotrain.init()\n"
+    write(
+        tmp_path / "d",
+        {"train.py": SHUFFLES_FIRST, "clean.py": init, "python_first.py": python_first + init},
+    )
+    env = {**os.environ, "REPRO_SCRIPT_RUNS_DIR": str(tmp_path / "runs")}
+    records = []
+    for script in ("train.py", "clean.py", "python_first.py"):
+        done = subprocess.run(
+            [sys.executable, script], cwd=tmp_path / "d", env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        (record,) = [
+            json.loads(p.read_text())
+            for p in (tmp_path / "runs").glob("*/run.json")
+            if json.loads(p.read_text())["script"]["path"] == script
+        ]
+        records.append(record)
+    shuffled, clean, python_first = (r["warnings"] for r in records)
+    assert [w for w in shuffled if w.startswith("numpy.random was drawn from before")], shuffled
+    assert not [w for w in clean if "was drawn from" in w], clean
+    assert [w for w in python_first if w.startswith("Python's random was drawn")], python_first
+
+
+def test_a_worker_seeds_what_the_script_draws_before_init(tmp_path: Path) -> None:
+    first = job(tmp_path / "a", SHUFFLES_FIRST)
+    again = job(tmp_path / "b", SHUFFLES_FIRST)
+    assert first.status == again.status == "succeeded", first.error
+    assert first.final_fingerprint == again.final_fingerprint
+    assert not [w for w in first.warnings if "was drawn from" in w], first.warnings

@@ -32,6 +32,7 @@ from worker.result import JobError, JobResult
 from worker.script.run import (
     CHECKPOINT_DIR_ENV,
     DETERMINISM_ENV,
+    PRE_SEEDED_ENV,
     PROGRESS_ENV,
     RESUME_ENV,
     RUNS_DIR_ENV,
@@ -46,6 +47,31 @@ from worker.training.progress import ProgressReporter
 from worker.training.seeds import resolve_seed
 
 _TAIL_LINES = 20
+
+
+# Runs the script as `python SCRIPT ARGS` would, after seeding Python's and NumPy's global
+# generators from the run's seed: what the script draws before `reprotrain.init()` (a split,
+# a shuffle) is then the same on every run of it. argv: the two seed words, script, args.
+BOOTSTRAP = """
+import os, random, runpy, sys
+from worker.training.seeds import derive_int_seed
+before_init = derive_int_seed((int(sys.argv[1]), int(sys.argv[2])), "before-init")
+sys.argv = sys.argv[3:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+random.seed(before_init)
+try:
+    import numpy
+except ImportError:
+    pass
+else:
+    numpy.random.seed(before_init)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def seed_words(seed: tuple[int, int]) -> list[str]:
+    """The seed as the bootstrap's first two arguments."""
+    return [str(seed[0]), str(seed[1])]
 
 
 def _refuse(msg: str, loc: str = "code") -> SpecError:
@@ -141,8 +167,10 @@ def run_script_job(
         if trace_every_steps is not None:
             env[TRACE_EVERY_ENV] = str(trace_every_steps)
         reporter.emit("started", spec_hash=result.spec_hash, seed=list(seed))
+        env[PRE_SEEDED_ENV] = "1"
+        command = [sys.executable, "-c", BOOTSTRAP, *seed_words(seed)]
         code, signalled = _run(
-            [sys.executable, resolved.script.entry, *resolved.script.args], directory, env
+            [*command, resolved.script.entry, *resolved.script.args], directory, env
         )
         _take_record(result, _the_record(runs_dir), code=code, signalled=signalled)
         result.provenance["code"] = code_record

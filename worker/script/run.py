@@ -224,6 +224,9 @@ class ScriptRun:
         self.directory.mkdir(parents=True, exist_ok=False)
         if os.environ.get(RESUME_ENV) == "1" and self._checkpoint_dir is not None:
             self._load_resume_point(self._checkpoint_dir)
+        for said in drawn_before_init():
+            self._record["warnings"].append(said)
+            warnings.warn(said, DeterminismWarning, stacklevel=3)
         # Python's and NumPy's generators now; TensorFlow and Keras as soon as the script
         # has imported TensorFlow (at once if it already has).
         random.seed(derive_int_seed(self.seed, "python"))
@@ -551,6 +554,55 @@ class ScriptRun:
 
     def _write(self) -> None:
         replace_durably(self.directory / "run.json", json.dumps(self._record, indent=1))
+
+
+# Where a freshly seeded generator stands: Python's Mersenne Twister at 624 (its state fully
+# used up, refilled on the next draw); NumPy's global one as NumPy leaves it after import.
+_FRESH_PYTHON = {624}
+_FRESH_NUMPY = {623, 624}
+PRE_SEEDED_ENV = "REPRO_RUN_PRE_SEEDED"  # "1": a worker seeded both before the script ran
+
+
+def drawn_before_init() -> list[str]:
+    """What the script drew from Python's or NumPy's global generator before `init()` seeded
+    them (say, `np.random.permutation` to split its data): such draws differ run to run,
+    unless a worker started the script with both seeded from the run's seed. Found by where
+    each generator stands: one drawn from has moved from where seeding leaves it, or from
+    where `import reprotrain` left it (its own imports draw, and are not counted). A draw
+    that lands a generator back where it stood goes unseen; the rerun's verdict shows it."""
+    if os.environ.get(PRE_SEEDED_ENV) == "1":
+        return []
+    marks = sys.modules.get("reprotrain.generator_marks")
+    before = getattr(marks, "BEFORE", None)
+    after = getattr(marks, "AFTER", None)
+    now_python = random.getstate()[1][-1]
+    numpy = sys.modules.get("numpy")
+    now_numpy = numpy.random.get_state()[2] if numpy is not None else None
+
+    def moved(index: int, now: int | None, fresh: set[int]) -> bool:
+        if now is None:
+            return False
+        at_start = before[index] if before is not None else None
+        at_end = after[index] if after is not None else None
+        if at_start is not None and at_start not in fresh:
+            return True  # drawn before `import reprotrain`
+        return now != at_end if at_end is not None else now not in fresh
+
+    found = [
+        name
+        for name, index, now, fresh in (
+            ("Python's random", 0, now_python, _FRESH_PYTHON),
+            ("numpy.random", 1, now_numpy, _FRESH_NUMPY),
+        )
+        if moved(index, now, fresh)
+    ]
+    return [
+        f"{name} was drawn from before reprotrain.init() seeded it (by the script or a "
+        "module it imported): draws like a shuffle or a split made then differ from run to "
+        "run; call init() first, or run the script with `repro run`, whose workers seed it "
+        "before it starts"
+        for name in found
+    ]
 
 
 def _now() -> str:
