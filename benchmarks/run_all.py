@@ -155,6 +155,12 @@ def _spotcheck(quick: bool) -> list[Row]:
     return spot_checks.measure(quick)
 
 
+def _script(quick: bool) -> list[Row]:
+    from benchmarks import script_overhead
+
+    return script_overhead.measure(quick)
+
+
 def _executors(quick: bool) -> list[Row]:
     from benchmarks import executor_overhead
 
@@ -173,6 +179,7 @@ SECTIONS = {
     # keras before training: training reads the jobs the keras section ran (SHARED_JOBS).
     "keras": Section("a job's steps/s against plain Keras model.fit", _keras),
     "resnet": Section("ResNet-20 as a model definition against model.fit", _resnet),
+    "script": Section("your own model.fit script with Reprotrain vs without", _script),
     "training": Section("2. op determinism on/off and 3b. trace share", _training),
     "fingerprint": Section("3a. fingerprinting, 1 MB to 1 GB", _fingerprint),
     "replicas": Section("2 replicas vs 1, and step checkpoints every 50 steps", _replicas),
@@ -195,6 +202,7 @@ ROW_ORDER = (
     "trace",
     "keras",
     "resnet",
+    "script",
     "replicas",
     "service",
     "api",

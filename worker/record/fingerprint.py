@@ -245,6 +245,14 @@ def fingerprint_state(
     before the hashing starts (see `worker.record.variable_reads`), and the lanes are the ones
     planned at the first fingerprint, kept on the state.
     """
+    return fingerprint_read(state, algorithm)[0]
+
+
+def fingerprint_read(
+    state: Sequence[tuple[str, Variable]], algorithm: str = DEFAULT_ALGORITHM
+) -> tuple[StateFingerprint, list[np.ndarray]]:
+    """`fingerprint_state`, and the values it read (a checkpoint of the same moment
+    writes them without reading the variables again)."""
     arrays = read_state(state)
     paths = [path for path, _ in state]
     plan = state.lane_plan if isinstance(state, TrainingState) else None
@@ -252,7 +260,7 @@ def fingerprint_state(
         plan = _make_plan([a.nbytes for a in arrays])
         if isinstance(state, TrainingState):
             state.lane_plan = plan
-    return _fingerprint(paths, arrays, plan, algorithm)
+    return _fingerprint(paths, arrays, plan, algorithm), arrays
 
 
 class StreamDigest:

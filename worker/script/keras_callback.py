@@ -14,9 +14,12 @@ if TYPE_CHECKING:
 
 
 class TraceCallback(keras.callbacks.Callback):  # type: ignore[misc]
-    """Fingerprints at initialisation, every epoch end and every `every_steps` optimizer
-    steps (model, optimizer and the seed-generator states the model holds), and each
-    epoch's metrics as Keras reports them."""
+    """Fingerprints at initialisation and every epoch end (model, optimizer and the
+    seed-generator states the model holds), and each epoch's metrics as Keras reports them.
+
+    It has no per-batch hook, so Keras calls nothing of it between an epoch's steps (a
+    batch hook makes every step, or every call of `steps_per_execution` steps, wait for
+    its logs); the global step is the optimizer's own count of the steps it applied."""
 
     def __init__(self, run: ScriptRun, *, every_steps: int | None = None) -> None:
         super().__init__()
@@ -24,16 +27,17 @@ class TraceCallback(keras.callbacks.Callback):  # type: ignore[misc]
             raise ValueError("every_steps must be at least 1")
         self.run = run
         self.every_steps = every_steps
-        self._step = 0
         self._epoch = 0
 
     def _optimizer(self) -> Any:
         return getattr(self.model, "optimizer", None)
 
+    def _global_step(self) -> int:
+        return int(self._optimizer().iterations.numpy())
+
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.run.resume_epoch:
             self.run.restore(self.model, self._optimizer())
-            self._step = self.run.step
         if not self.run.has_trace:
             self.run.trace_point(step=0, model=self.model, optimizer=self._optimizer())
 
@@ -44,29 +48,37 @@ class TraceCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # TensorFlow's global seed stays: setting it would retrace every compiled step.
         reseed(self.run.seed, "epoch", self._epoch, tensorflow=False)
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._step += 1
-        if self.every_steps is not None and self._step % self.every_steps == 0:
-            self.run.trace_point(
-                step=self._step,
-                epoch=self._epoch,
-                kind="step",
-                model=self.model,
-                optimizer=self._optimizer(),
-            )
-
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        step = self._global_step()
         # The metrics first: the epoch's checkpoint, written at its trace point, keeps them.
         numbers = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
         if numbers:
-            self.run.log_metrics(numbers, step=self._step, epoch=epoch + 1)
+            self.run.log_metrics(numbers, step=step, epoch=epoch + 1)
         self.run.trace_point(
-            step=self._step,
+            step=step,
             epoch=epoch + 1,
             kind="epoch",
             model=self.model,
             optimizer=self._optimizer(),
         )
+
+
+class StepTraceCallback(TraceCallback):
+    """`TraceCallback`, and a fingerprint every `every_steps` optimizer steps: at the end of
+    the first call of `steps_per_execution` steps that reaches each multiple."""
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        assert self.every_steps is not None
+        step = self._global_step()
+        last = self.run.step
+        if step // self.every_steps > last // self.every_steps:
+            self.run.trace_point(
+                step=step,
+                epoch=self._epoch,
+                kind="step",
+                model=self.model,
+                optimizer=self._optimizer(),
+            )
 
 
 def _is_number(value: Any) -> bool:

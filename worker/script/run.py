@@ -27,7 +27,6 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from worker.record.durable import replace_durably
 from worker.record.trace import PointKind, TracePoint
 from worker.script.on_import import after_import
 from worker.spec import DeterminismSpec
@@ -36,7 +35,7 @@ from worker.training.progress import ProgressReporter
 from worker.training.seeds import SeedTuple, derive_int_seed, resolve_seed, seed_tuple
 
 if TYPE_CHECKING:
-    from worker.record.checkpoint import Checkpoint
+    from worker.record.checkpoint import Checkpoint, Syncer
     from worker.record.variable_reads import TrainingState
 
 RUNS_DIR_ENV = "REPRO_SCRIPT_RUNS_DIR"
@@ -197,6 +196,7 @@ class ScriptRun:
         until = os.environ.get(UNTIL_EPOCH_ENV)
         self._until_epoch = int(until) if until else None
         self._resumed = False
+        self._syncer: Syncer | None = None
         self._record: dict[str, Any] = {
             "id": self.id,
             "kind": "script",
@@ -316,8 +316,11 @@ class ScriptRun:
             self._write()
             warnings.warn(message, DeterminismWarning, stacklevel=2)
             return
-        # The job runtime reseeds every epoch; a script is seeded once, and draws on.
-        record["reseed"] = "once, at reprotrain.init()"
+        # Unlike a job, a script reseeds TensorFlow's global seed only here.
+        record["reseed"] = (
+            "at reprotrain.init(); with the Keras callback, Python, NumPy and Keras every "
+            "epoch from (seed, 'epoch', epoch)"
+        )
         self._record["determinism"] = record
         self._record["provenance"] = capture_provenance(
             spec_hash=self.spec_hash, seed=self.seed, determinism=record
@@ -361,6 +364,8 @@ class ScriptRun:
         if self._metrics_file is not None:
             self._metrics_file.close()
         self._write()
+        if self._syncer is not None:
+            self._syncer.close()  # the record and every checkpoint are on disk from here
 
     def _at_exit(self) -> None:
         if not self.finished:
@@ -429,13 +434,15 @@ class ScriptRun:
     def keras_callback(self, *, every_steps: int | None = None) -> Any:
         """A Keras callback recording the trace: initialisation, every epoch end (and every
         `every_steps` steps), with each epoch's metrics."""
-        from worker.script.keras_callback import TraceCallback
+        from worker.script.keras_callback import StepTraceCallback, TraceCallback
 
         asked = os.environ.get(TRACE_EVERY_ENV)  # a re-trace of a stretch, finer than the run's
         if asked:
             every_steps = int(asked)
             self._record["trace_granularity"] = f"steps:{every_steps}"
-        return TraceCallback(self, every_steps=every_steps)
+        if every_steps is None:
+            return TraceCallback(self)
+        return StepTraceCallback(self, every_steps=every_steps)
 
     def trace_point(
         self,
@@ -450,7 +457,7 @@ class ScriptRun:
         calls it after its steps; `epoch` given and no `kind`: the end of that epoch, whose
         checkpoint a worker's run keeps with the metrics logged so far: log an epoch's
         metrics before its trace point)."""
-        from worker.record.fingerprint import fingerprint_state
+        from worker.record.fingerprint import fingerprint_read
         from worker.record.variable_reads import training_state
 
         self._open()
@@ -479,7 +486,7 @@ class ScriptRun:
         )
         if self._state is None or self._state[0] != key:
             self._state = (key, training_state(model, optimizer))
-        fp = fingerprint_state(self._state[1])
+        fp, values = fingerprint_read(self._state[1])
         point = TracePoint(
             kind=kind,
             epoch=int(epoch or 0),
@@ -489,7 +496,7 @@ class ScriptRun:
         )
         self._record["trace"].append(point.model_dump())
         if kind == "epoch":
-            self._end_of_epoch(point)
+            self._end_of_epoch(point, values)
         self._write()
         if kind == "epoch" and self._until_epoch is not None and point.epoch >= self._until_epoch:
             self._stop_here(point.epoch)
@@ -504,7 +511,7 @@ class ScriptRun:
         sys.stderr.flush()
         os._exit(0)
 
-    def _end_of_epoch(self, point: TracePoint) -> None:
+    def _end_of_epoch(self, point: TracePoint, values: list[Any]) -> None:
         """A worker's run: keep the epoch's checkpoint and say so (the agent uploads it)."""
         if self._progress is not None:
             self._progress.emit(
@@ -530,6 +537,8 @@ class ScriptRun:
             step=point.step,
             state=self._state[1],
             meta=meta,
+            arrays=values,  # read once, for the fingerprint
+            syncer=self._sync_pool(),  # complete once renamed; on disk by the end of the run
         )
         self._record["checkpoints"] = checkpoints
         if self._progress is not None:
@@ -553,7 +562,22 @@ class ScriptRun:
             raise RuntimeError(f"run {self.id} is finished")
 
     def _write(self) -> None:
-        replace_durably(self.directory / "run.json", json.dumps(self._record, indent=1))
+        """Replace run.json whole (a reader sees the old record or the new one); synced to
+        disk in the background, which `finish` waits for: training does not."""
+        path = self.directory / "run.json"
+        tmp = path.with_name(".run.json.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(self._record, indent=1))
+        os.replace(tmp, path)
+        self._sync_pool().sync(path)
+
+    def _sync_pool(self) -> Syncer:
+        from worker.record.checkpoint import Syncer
+
+        if self._syncer is None:
+            self._syncer = Syncer()
+        return self._syncer
 
 
 # Where a freshly seeded generator stands: Python's Mersenne Twister at 624 (its state fully
