@@ -28,12 +28,13 @@ import requests.exceptions
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
 
+from worker.errors import SpecError
 from worker.node.executors import ExecutorUnavailable
 from worker.node.executors.base import JobRequest, export_environment
 from worker.node.executors.docker_job import ContainerJob
 from worker.node.executors.process import job_command
 from worker.record.gpu_info import gpu_devices
-from worker.spec import ExperimentSpec
+from worker.spec import parse_any_spec
 from worker.training.determinism import required_environment
 
 log = logging.getLogger("reprotrain.agent")
@@ -353,8 +354,8 @@ def _spec_environment(spec_path: Path) -> dict[str, str]:
     """What the job's determinism needs at interpreter start, so it need not re-execute
     itself (a second TensorFlow start-up); an unreadable spec is the job's to report."""
     try:
-        spec = ExperimentSpec.model_validate(json.loads(spec_path.read_text()))
-    except (OSError, ValueError):
+        spec = parse_any_spec(json.loads(spec_path.read_text()))
+    except (OSError, ValueError, SpecError):
         return {}
     return required_environment(spec.determinism)
 
