@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.record.trace import TracePoint
+from worker.spec import ExperimentSpec, ScriptExperimentSpec
+from worker.training.seeds import resolve_seed
+
+S = TypeVar("S", ExperimentSpec, ScriptExperimentSpec)
 
 RESULT_FORMAT = 1
 
@@ -59,6 +63,20 @@ class JobResult(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
     error: JobError | None = None
+
+
+def first_result(spec: S) -> tuple[S, JobResult]:
+    """The spec with its seed resolved (a null seed drawn now), and the result document of
+    its job as it stands before anything ran: failed, until the job says otherwise."""
+    resolved = spec.with_seed(resolve_seed(spec.seed))
+    assert resolved.seed is not None
+    return resolved, JobResult(
+        status="failed",
+        spec_hash=resolved.spec_hash(),
+        seed=list(resolved.seed),
+        seed_source="spec" if spec.seed is not None else "generated",
+        spec=resolved.model_dump(mode="json"),
+    )
 
 
 def write_result(result: JobResult, path: Path) -> None:

@@ -38,11 +38,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from worker.errors import ArchitectureError, SpecError
 from worker.models.model_size import check_parameter_limit
 from worker.record.environment_capture import EXPORT_MODEL_ENV
-from worker.result import DataFingerprint, JobError, JobResult, write_result
+from worker.result import DataFingerprint, JobError, JobResult, first_result, write_result
 from worker.spec import ExperimentSpec, ScriptExperimentSpec, load_spec
 from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
-from worker.training.seeds import resolve_seed
 
 if TYPE_CHECKING:  # the loop imports TensorFlow, which a job loads only once its spec is checked
     from worker.training.loop import TrainingOutcome
@@ -333,15 +332,9 @@ def run_job(
     model_file: Path | None = None,
 ) -> JobResult:
     """Train `spec` in this process and return its result document (never raises)."""
-    seed = resolve_seed(spec.seed)
-    resolved = spec.with_seed(seed)
-    result = JobResult(
-        status="failed",
-        spec_hash=resolved.spec_hash(),
-        seed=list(seed),
-        seed_source="spec" if spec.seed is not None else "generated",
-        spec=resolved.model_dump(mode="json"),
-    )
+    resolved, result = first_result(spec)
+    assert resolved.seed is not None
+    seed = resolved.seed
     try:
         code_record = _install_code(resolved, code_file)
         from worker.models import registry

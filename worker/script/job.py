@@ -28,7 +28,7 @@ from typing import Any
 
 from worker.errors import SpecError
 from worker.record.trace import TracePoint
-from worker.result import JobError, JobResult
+from worker.result import JobError, JobResult, first_result
 from worker.script.run import (
     CHECKPOINT_DIR_ENV,
     DETERMINISM_ENV,
@@ -44,7 +44,6 @@ from worker.script.run import (
 from worker.spec import ScriptExperimentSpec
 from worker.training.determinism import required_environment
 from worker.training.progress import ProgressReporter
-from worker.training.seeds import resolve_seed
 
 _TAIL_LINES = 20
 
@@ -141,15 +140,9 @@ def run_script_job(
     in `checkpoint_dir` (the Keras callback restores it; a custom loop calls `run.restore`).
     `until_epoch` ends it after that epoch (a replay of a stretch); `trace_every_steps` has
     the Keras callback trace every N steps (a custom loop traces where it does)."""
-    seed = resolve_seed(spec.seed)
-    resolved = spec.with_seed(seed)
-    result = JobResult(
-        status="failed",
-        spec_hash=resolved.spec_hash(),
-        seed=list(seed),
-        seed_source="spec" if spec.seed is not None else "generated",
-        spec=resolved.model_dump(mode="json"),
-    )
+    resolved, result = first_result(spec)
+    assert resolved.seed is not None
+    seed = resolved.seed
     started = time.monotonic()
     try:
         directory, code_record = install_directory(resolved, code_file)
