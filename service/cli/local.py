@@ -191,30 +191,14 @@ def run(
     your own training script (`repro run train.py -- --lr 0.01`) to run on a worker,
     its directory shipped by content digest, and reruns verified like any run's."""
     if spec.suffix == ".py":
-        given = {
-            "--out": out != Path("result.json"),
-            "--checkpoint-dir": checkpoint_dir is not None,
-            "--resume": resume,
-            "--dataset": dataset is not None,
-            "--export-model": export_model is not None,
-        }
-        if wrong := [option for option, set_ in given.items() if set_]:
-            err.print(f"[red]invalid:[/red] a script run does not take {', '.join(wrong)}")
-            raise typer.Exit(2)
+        local = (out != Path("result.json"), checkpoint_dir, resume, dataset, export_model)
+        _refuse_local_options(local)
         from service.cli.remote import submit_script
 
         submit_script(
-            spec,
-            list(args or []),
-            directory=directory,
-            name=name,
-            seed=seed,
-            image=image,
-            wait=wait,
-            timeout=timeout,
-            client_options=(api, token, token_file),
-            as_json=as_json,
-        )
+            spec, list(args or []), directory=directory, name=name, seed=seed, image=image,
+            wait=wait, timeout=timeout, client_options=(api, token, token_file), as_json=as_json,
+        )  # fmt: skip
         return
     if args:
         err.print(f"[red]invalid:[/red] a spec takes no arguments, got {' '.join(args)}")
@@ -229,6 +213,20 @@ def run(
         dataset_file=dataset,
         export_model=export_model,
     )
+    _show_result(result, spec, out, as_json=as_json)
+    raise typer.Exit(code)
+
+
+def _refuse_local_options(given: tuple[object, ...]) -> None:
+    """Exit 2 naming the options of a local training (in `run`'s order) given with a script."""
+    names = ("--out", "--checkpoint-dir", "--resume", "--dataset", "--export-model")
+    if wrong := [name for name, value in zip(names, given, strict=True) if value]:
+        err.print(f"[red]invalid:[/red] a script run does not take {', '.join(wrong)}")
+        raise typer.Exit(2)
+
+
+def _show_result(result: JobResult, spec: Path, out: Path, *, as_json: bool) -> None:
+    """A local training's outcome: its result document (JSON), or a line saying it."""
     if as_json:
         emit_json(result.model_dump(mode="json", exclude={"provenance", "trace"}))
     elif result.status == "succeeded":
@@ -237,7 +235,6 @@ def run(
         message = result.error.message if result.error else result.status
         err.print(f"[red]{result.status}:[/red] ", end="")
         err.print(named(message, spec), markup=False, highlight=False)
-    raise typer.Exit(code)
 
 
 def verdict(
