@@ -6,8 +6,9 @@ handwritten digits that ship inside scikit-learn.
     python examples/scripts/fit_digits.py --epochs 4 --lr 0.003   # the same fingerprints
 
 Each run is recorded under ./reprotrain-runs/ (REPRO_SCRIPT_RUNS_DIR): the seed, what was
-made deterministic, provenance, and the fingerprint of the model and optimizer at every
-epoch end.
+made deterministic, provenance, the fingerprint of the model and optimizer at every epoch
+end and the digest of the data `fit` trained on. `reprotrain.autolog()` does it for each
+`model.fit` as it stands; without it, pass `callbacks=[run.keras_callback()]` yourself.
 """
 
 import argparse
@@ -21,6 +22,7 @@ parser.add_argument("--width", type=int, default=16)
 parser.add_argument("--seed", type=int, default=42)
 args = parser.parse_args()
 run = reprotrain.init(project="digits", name="cnn", params=vars(args), seed=args.seed)
+reprotrain.autolog()  # every model.fit below: its trace, metrics and data fingerprints
 
 import keras  # noqa: E402 (after init: it sets TensorFlow up the moment this import ends)
 import numpy as np  # noqa: E402
@@ -54,7 +56,6 @@ model.fit(
     validation_data=(x[split:], y[split:]),
     epochs=args.epochs,
     batch_size=64,
-    callbacks=[run.keras_callback()],
     verbose=0,
 )
 run.finish()

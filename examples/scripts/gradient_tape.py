@@ -1,5 +1,6 @@
 """A custom `tf.GradientTape` training loop with Reprotrain: the loop records its own trace
-points (`run.trace_point`) and metrics (`run.log_metrics`).
+points (`run.trace_point`), metrics (`run.log_metrics`) and the batches it trains on
+(`run.dataset`).
 
     python examples/scripts/gradient_tape.py --epochs 3
 """
@@ -45,7 +46,8 @@ with reprotrain.init(project="blobs", name="tape", params=vars(args), seed=args.
     step = run.step
     run.trace_point(step=0, model=model, optimizer=optimizer)  # kept once, on a resume too
     for epoch in range(start + 1, args.epochs + 1):
-        for x, y in data.shuffle(600, seed=epoch).batch(32):
+        # run.dataset digests each batch as the loop takes it: the epoch's data fingerprint.
+        for x, y in run.dataset(data.shuffle(600, seed=epoch).batch(32)):
             loss = train_step(x, y)
             step += 1
         # The epoch's metrics before its trace point, whose checkpoint keeps them.

@@ -3,7 +3,8 @@ scripts (a Keras `model.fit` on scikit-learn's digits, a custom `GradientTape` l
 run twice in fresh interpreters, record the same trace point for point; another seed
 records another one from initialisation on. The record holds what a run needs to be
 checked: the seed, the script's digest and arguments, params, what was made deterministic
-(the script was started again with PYTHONHASHSEED=0), provenance and per-epoch metrics."""
+(the script was started again with PYTHONHASHSEED=0), provenance, per-epoch metrics and the
+data each epoch trained on; and it warns of randomness it cannot control."""
 
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def test_the_keras_fit_example_records_the_same_trace_twice(tmp_path: Path) -> N
     by_epoch = {(m["name"], m["epoch"]) for m in first["metrics"]}
     assert {("accuracy", 1), ("val_accuracy", 2), ("loss", 2)} <= by_epoch
     assert first["metrics"] == again["metrics"]
+    # reprotrain.autolog(): the arrays fit was given, digested whole, stand for each epoch.
+    data = [d["epoch"] for d in first["data_fingerprints"]]
+    assert data == [1, 2] and first["data_fingerprints"] == again["data_fingerprints"]
 
 
 def test_the_gradient_tape_example_records_the_same_trace_twice(tmp_path: Path) -> None:
@@ -86,6 +90,70 @@ def test_the_gradient_tape_example_records_the_same_trace_twice(tmp_path: Path) 
     ]
     assert first["trace"] == again["trace"]
     assert [m["name"] for m in first["metrics"]] == ["loss", "loss"]
+    # run.dataset: each epoch's batches, digested as the loop took them (reshuffled each
+    # epoch, so the two epochs' fingerprints differ).
+    data = first["data_fingerprints"]
+    assert [d["epoch"] for d in data] == [1, 2] and data[0]["fingerprint"] != data[1]["fingerprint"]
+    assert data == again["data_fingerprints"]
+
+
+CHANGED_DATA = """
+import os
+import sys
+
+import reprotrain
+
+run = reprotrain.init(project="t", name="data", seed=1)
+reprotrain.autolog()
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+x = np.linspace(-1, 1, 128, dtype="float32").reshape(32, 4) * float(sys.argv[1])
+y = (x.sum(axis=1) > 0).astype("int32")
+data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(32, seed=3).batch(8).prefetch(4)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(data, epochs=2, verbose=0)
+
+np.random.default_rng()  # fresh entropy: warned of
+child = os.fork()  # as a multiprocessing data loader does: warned of
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+def test_autolog_digests_a_dataset_as_fit_consumes_it_and_warns_of_what_it_cannot_control(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "changed_data.py"
+    script.write_text(CHANGED_DATA)
+    runs = tmp_path / "runs"
+    first = _run_script(str(script), runs, "1.0")
+    again = _run_script(str(script), runs, "1.0")
+    scaled = _run_script(str(script), runs, "2.0")
+
+    assert [(p["kind"], p["epoch"], p["step"]) for p in first["trace"]] == [
+        ("init", 0, 0),
+        ("epoch", 1, 4),
+        ("epoch", 2, 8),
+    ]
+    assert first["trace"] == again["trace"]
+    assert first["data_fingerprints"] == again["data_fingerprints"]
+    # Other data, the same model: equal at initialisation, the data differs from epoch 1.
+    assert scaled["trace"][0] == first["trace"][0]
+    assert scaled["trace"][1]["fingerprint"] != first["trace"][1]["fingerprint"]
+    ours = {d["epoch"]: d["fingerprint"] for d in first["data_fingerprints"]}
+    theirs = {d["epoch"]: d["fingerprint"] for d in scaled["data_fingerprints"]}
+    assert sorted(ours) == [1, 2] and ours[1] != theirs[1]
+
+    said = " | ".join(first["warnings"])
+    assert "np.random.default_rng() was called without a seed" in said
+    assert "the script forked a process" in said
+    assert len(first["warnings"]) == 2, first["warnings"]  # the child wrote nothing over it
+    assert first["status"] == "succeeded"
 
 
 @pytest.mark.parametrize("script", ["fit_digits.py", "gradient_tape.py"])
@@ -114,4 +182,6 @@ def test_a_run_resumed_from_its_epoch_2_checkpoint_ends_as_the_whole_run(
     assert resumed["resumed_from_epoch"] == 2
     assert resumed["trace"] == whole["trace"]
     assert resumed["final_fingerprint"] == whole["final_fingerprint"]
+    assert resumed["data_fingerprints"] == whole["data_fingerprints"]
+    assert [d["epoch"] for d in whole["data_fingerprints"]] == [1, 2, 3, 4]
     assert [m["epoch"] for m in resumed["metrics"]] == [m["epoch"] for m in whole["metrics"]]

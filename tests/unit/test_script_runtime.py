@@ -65,6 +65,22 @@ def test_a_cancelled_hook_never_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     del sys.modules["never_hooked"]
 
 
+def test_two_hooks_on_one_module_both_run_once_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "twice_hooked.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+    after_import("twice_hooked", lambda m: seen.append("first"))
+    cancel = after_import("twice_hooked", lambda m: seen.append("cancelled"))
+    after_import("twice_hooked", lambda m: seen.append("second"))
+    cancel()
+    import twice_hooked  # noqa: F401
+
+    assert seen == ["first", "second"]
+    del sys.modules["twice_hooked"]
+
+
 def test_init_outside_a_scripts_top_level_warns_and_records_instead_of_restarting(
     tmp_path: Path,
 ) -> None:

@@ -76,7 +76,10 @@ class Syncer:
     def sync(self, *paths: Path) -> None:
         """fsync the files, then their directories, in the background."""
         self._pending = [f for f in self._pending if not f.done() or f.exception()]
-        self._pending.append(self._pool.submit(self._sync, paths))
+        try:
+            self._pending.append(self._pool.submit(self._sync, paths))
+        except RuntimeError:  # the interpreter is exiting and has stopped its pools: now
+            self._sync(paths)
 
     @staticmethod
     def _sync(paths: tuple[Path, ...]) -> None:

@@ -271,8 +271,16 @@ class StreamDigest:
         self._hash = new_hash(algorithm)
 
     def add_array(self, name: str, array: np.ndarray) -> None:
-        """Feed one array (its name, dtype, shape and little-endian bytes)."""
-        array = _little_endian(np.asarray(array))
+        """Feed one array (its name, dtype, shape and little-endian bytes; an array of
+        strings, as TensorFlow gives a string tensor, each element's length and bytes)."""
+        array = np.asarray(array)
+        if array.dtype == object:
+            self._hash.update(_header_bytes(name, np.dtype("S"), array.shape))
+            for item in array.reshape(-1):
+                data = item if isinstance(item, bytes) else str(item).encode()
+                self._hash.update(len(data).to_bytes(8, "little") + data)
+            return
+        array = _little_endian(array)
         self._hash.update(_header(name, array))
         self._hash.update(_raw_bytes(array))
 

@@ -389,10 +389,22 @@ _IGNORED = ("captured_at",)
 _ENVIRONMENT_SECTIONS = ("environment", "environment_digests")
 
 
+# Fields whose change is worth telling though it changes no bits by itself.
+_NOTED: tuple[tuple[str, str], ...] = (
+    (
+        "execution.",
+        "one run was run by hand on its user's machine, in no worker's pinned environment",
+    ),
+)
+
+
 def _classify(field: str) -> tuple[bool, str | None]:
     for prefix, why in _BREAKING:
         if field == prefix or (prefix.endswith(".") and field.startswith(prefix)):
             return True, why
+    for prefix, why in _NOTED:
+        if field.startswith(prefix):
+            return False, why
     return False, None
 
 

@@ -13,6 +13,6 @@ when the script imports it after `init`, it is set up the moment its import fini
 
 from __future__ import annotations
 
-from worker.script.run import ScriptRun, init
+from worker.script.run import ScriptRun, autolog, connect_with, init
 
-__all__ = ["ScriptRun", "init"]
+__all__ = ["ScriptRun", "autolog", "connect_with", "init"]

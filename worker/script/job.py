@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from typing import Any
 
 from worker.errors import SpecError
 from worker.record.trace import TracePoint
-from worker.result import JobError, JobResult, first_result
+from worker.result import DataFingerprint, JobError, JobResult, first_result
 from worker.script.run import (
     CHECKPOINT_DIR_ENV,
     DETERMINISM_ENV,
@@ -41,7 +42,7 @@ from worker.script.run import (
     TRACE_EVERY_ENV,
     UNTIL_EPOCH_ENV,
 )
-from worker.spec import ScriptExperimentSpec
+from worker.spec import ScriptExperimentSpec, parse_any_spec
 from worker.training.determinism import required_environment
 from worker.training.progress import ProgressReporter
 
@@ -180,6 +181,26 @@ def run_script_job(
     return result
 
 
+def by_hand_result(
+    spec: dict[str, Any], record: dict[str, Any], *, code: dict[str, Any]
+) -> JobResult:
+    """The result document of a script run by hand, from its record: what a worker's job
+    would report of the same run, marked as run by hand on this machine (no image)."""
+    parsed = parse_any_spec(spec)
+    if not isinstance(parsed, ScriptExperimentSpec):
+        raise TypeError("a run by hand is a script experiment")
+    resolved, result = first_result(parsed)
+    try:
+        _take_record(result, record, code=0, signalled=False)
+    except RuntimeError as exc:
+        result.error = JobError(type="ScriptFailed", message=str(exc))
+    result.provenance["code"] = code
+    result.provenance["script"] = resolved.script.model_dump(mode="json")
+    result.provenance["execution"] = {"by_hand": True, "host": platform.node() or None}
+    result.checkpoints = []  # on this machine only: nothing the service could read
+    return result
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bool]:
     """Run the script; (exit code, whether this job was asked to stop). SIGTERM is passed on."""
     proc = subprocess.Popen(
@@ -227,6 +248,9 @@ def _take_record(
     trace = [TracePoint.model_validate(p) for p in record.get("trace") or []]
     result.trace = trace
     result.trace_granularity = record.get("trace_granularity") or "epoch"
+    result.data_fingerprints = [
+        DataFingerprint.model_validate(d) for d in record.get("data_fingerprints") or []
+    ]
     result.metrics = epoch_rows(record.get("metrics") or [])
     result.determinism = record.get("determinism") or {}
     result.provenance = dict(record.get("provenance") or {})
@@ -242,8 +266,10 @@ def _take_record(
         result.status = "interrupted"
         result.interrupted_after_epoch = max(epochs) if epochs else None
         return
-    if code != 0 or record.get("status") == "failed":
+    if code != 0:
         raise RuntimeError(f"the script exited with code {code}: see the job's log")
+    if record.get("status") == "failed":
+        raise RuntimeError("the script failed: an uncaught exception ended it")
     if not trace or trace[-1].kind != "epoch":
         raise RuntimeError(
             "the script ended without a trace point at the end of an epoch: use "

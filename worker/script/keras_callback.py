@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -89,21 +90,37 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-def resume_fit(run: ScriptRun) -> None:
-    """Make `model.fit` of a resumed run start at the epoch after its checkpoint: each call
-    with the run's callback and no `initial_epoch` of its own gets it (once restored, the
-    run's resume epoch is 0, and later calls train as they say)."""
+def hook_fit() -> None:
+    """Wrap `keras.Model.fit` (once) for the run `init()` started in this process:
+    - under `reprotrain.autolog()`, each call gets the run's trace callback and its data is
+      digested (a tf.data.Dataset batch by batch as consumed, arrays whole);
+    - a resumed run's call with the run's callback and no `initial_epoch` of its own starts
+      at the epoch after its checkpoint (once restored, the run's resume epoch is 0, and
+      later calls train as they say)."""
     original = keras.Model.fit
-    if getattr(original, "_reprotrain_resume", False):
+    if getattr(original, "_reprotrain_hook", False):
         return
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
     def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
-        callbacks = kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or []
-        ours = any(isinstance(c, TraceCallback) and c.run is run for c in callbacks)
-        if ours and run.resume_epoch and "initial_epoch" not in kwargs and len(args) < 11:
-            kwargs["initial_epoch"] = run.resume_epoch
-        return original(model, *args, **kwargs)
+        from worker.script.run import current
 
-    fit._reprotrain_resume = True  # type: ignore[attr-defined]
+        run = current()
+        if run is None:
+            return original(model, *args, **kwargs)
+        bound = signature.bind(model, *args, **kwargs)
+        given = bound.arguments
+        callbacks = list(given.get("callbacks") or [])
+        ours = any(isinstance(c, TraceCallback) and c.run is run for c in callbacks)
+        if run.autologging:
+            if not ours:
+                given["callbacks"] = [*callbacks, run.keras_callback()]
+                ours = True
+            given["x"] = run.fit_data(given.get("x"), given.get("y"), given.get("sample_weight"))
+        if ours and run.resume_epoch and "initial_epoch" not in given:
+            given["initial_epoch"] = run.resume_epoch
+        return original(*bound.args, **bound.kwargs)
+
+    fit._reprotrain_hook = True  # type: ignore[attr-defined]
     keras.Model.fit = fit

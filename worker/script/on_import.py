@@ -4,7 +4,8 @@
 must not import TensorFlow itself (a script may never use it), yet TensorFlow has to be
 seeded and made deterministic before the script builds a model. A finder at the front of
 `sys.meta_path` finds the module's spec with the finders after it and wraps that spec's
-loader, so `then(module)` runs right after the module's own code, once.
+loader, so each function waiting for the module runs right after the module's own code,
+once, in the order they were asked for.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.then = then
+        self.waiting: list[Callable[[ModuleType], None]] = []
 
     def find_spec(
         self,
@@ -32,7 +33,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return None
         spec = None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if isinstance(finder, _AfterImport) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
@@ -42,11 +43,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self.remove()
         loader: Any = spec.loader
         load = loader.exec_module
-        then = self.then
+        waiting = self.waiting
 
         def exec_module(module: ModuleType) -> None:
             load(module)
-            then(module)
+            for then in list(waiting):
+                then(module)
 
         loader.exec_module = exec_module  # this spec's loader only: one module's
         return spec
@@ -63,6 +65,19 @@ def after_import(name: str, then: Callable[[ModuleType], None]) -> Callable[[], 
     if module is not None:
         then(module)
         return lambda: None
-    finder = _AfterImport(name, then)
-    sys.meta_path.insert(0, finder)
-    return finder.remove
+    finder = next(
+        (f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None
+    )
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    finder.waiting.append(then)
+    waiting = finder.waiting
+
+    def cancel() -> None:
+        if then in waiting:
+            waiting.remove(then)
+        if not waiting and finder is not None:
+            finder.remove()
+
+    return cancel

@@ -19,6 +19,7 @@ import random
 import secrets
 import shutil
 import sys
+import sysconfig
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from worker.training.seeds import SeedTuple, derive_int_seed, resolve_seed, seed
 if TYPE_CHECKING:
     from worker.record.checkpoint import Checkpoint, Syncer
     from worker.record.variable_reads import TrainingState
+    from worker.script.data import ConsumedData
 
 RUNS_DIR_ENV = "REPRO_SCRIPT_RUNS_DIR"
 # Set by a worker that runs the script as a run's job (worker.script.job):
@@ -57,6 +59,9 @@ class DeterminismWarning(UserWarning):
 
 
 _current: ScriptRun | None = None
+# Given by the client package (`reprotrain`), which records a run by hand on the service
+# the environment names (see `connect_with`); worker code never imports the client.
+_connect: Callable[..., Any] | None = None
 _startup_warnings: list[str] = []  # what the run's record says it could not set
 _lock = threading.Lock()
 
@@ -108,6 +113,28 @@ def init(
         run.start()
         _current = run
         return run
+
+
+def autolog() -> None:
+    """Record every `model.fit` of the run `init()` started: its trace (the callback added
+    to each call) and the data it trains on. Call it after `init()`."""
+    if _current is None or _current.finished:
+        raise RuntimeError("reprotrain.autolog() needs a run: call reprotrain.init() first")
+    _current.autolog()
+
+
+def connect_with(connect: Callable[..., Any] | None) -> None:
+    """How `init()` records a run by hand on a service: `connect(script, args, name=...,
+    seed=...)` returns None (no service configured) or a link with `run_id`, `url`, `spec`
+    (the experiment's, seed resolved), `spec_hash`, `code` (the directory's bundle record) and
+    `report(result)`. A worker's job never connects: its worker reports the run."""
+    global _connect
+    _connect = connect
+
+
+def current() -> ScriptRun | None:
+    """The run `init()` started in this process, while it is not finished."""
+    return _current if _current is not None and not _current.finished else None
 
 
 def _name(value: str | None, what: str) -> str | None:
@@ -197,6 +224,11 @@ class ScriptRun:
         self._until_epoch = int(until) if until else None
         self._resumed = False
         self._syncer: Syncer | None = None
+        self._data: ConsumedData | None = None  # once the script wraps or fits data
+        self._autolog = False
+        self._pid = os.getpid()  # a forked child writes nothing of the run
+        self._warned: set[str] = set()
+        self._link: Any = None  # the run on the service, for a run by hand
         self._record: dict[str, Any] = {
             "id": self.id,
             "kind": "script",
@@ -213,6 +245,7 @@ class ScriptRun:
             "warnings": list(_startup_warnings),
             "provenance": None,
             "trace": [],
+            "data_fingerprints": [],
             "metrics": [],
             "artifacts": [],
             "checkpoints": [],
@@ -222,6 +255,8 @@ class ScriptRun:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=False)
+        if _connect is not None and not os.environ.get(SEED_ENV):
+            self._attach(_connect)
         if os.environ.get(RESUME_ENV) == "1" and self._checkpoint_dir is not None:
             self._load_resume_point(self._checkpoint_dir)
         for said in drawn_before_init():
@@ -239,6 +274,8 @@ class ScriptRun:
         ]
         self._write()
         atexit.register(self._at_exit)
+        os.register_at_fork(before=self._forking)
+        self._cancel_hooks.append(after_import("numpy", self._watch_numpy))
         previous = sys.excepthook
 
         def note_failure(*exc_info: Any) -> None:
@@ -246,6 +283,39 @@ class ScriptRun:
             previous(*exc_info)
 
         sys.excepthook = note_failure
+
+    def _attach(self, connect: Callable[..., Any]) -> None:
+        """Record this run by hand on the service the environment names (before anything
+        records the spec hash, which becomes the service's); a service that cannot record
+        it leaves the run recorded on disk only, with a warning."""
+        script = self._record["script"]
+        if script["path"] is None:
+            return
+        try:
+            link = connect(
+                script["path"], script["args"], name=self._record["name"], seed=list(self.seed)
+            )
+        except Exception as exc:  # the training goes on; its record stays on disk
+            self._warn_once(f"the run is recorded on disk only: the service refused it ({exc})")
+            return
+        if link is None:
+            return
+        self._link = link
+        self._record["server"] = {"run_id": link.run_id, "url": link.url}
+        print(f"reprotrain: recording run {link.run_id} at {link.url}", file=sys.stderr)
+
+    def _report(self) -> None:
+        """Send the result document of a run by hand to its run on the service."""
+        from worker.script.job import by_hand_result
+
+        try:
+            result = by_hand_result(self._link.spec, self.record, code=self._link.code)
+            self._link.report(result.model_dump(mode="json"))
+        except Exception as exc:
+            message = f"the result of run {self._link.run_id} was not reported: {exc}"
+            self._record["warnings"].append(message)
+            self._write()
+            warnings.warn(f"{message}; it is kept in {self.directory / 'run.json'}", stacklevel=3)
 
     def _load_resume_point(self, directory: Path) -> None:
         """Take the record of the newest checkpoint of this run's spec: its trace, metrics
@@ -259,11 +329,13 @@ class ScriptRun:
         meta = found.meta
         self._record.update(
             trace=list(meta.get("trace") or []),
+            data_fingerprints=list(meta.get("data_fingerprints") or []),
             metrics=list(meta.get("metrics") or []),
             checkpoints=list(meta.get("checkpoints") or []),
             resumed_from_epoch=found.epoch,
         )
         self._steps = found.step
+        self._consumed().resume_at(found.step)
         self._resume = found
 
     @property
@@ -325,10 +397,8 @@ class ScriptRun:
         self._record["provenance"] = capture_provenance(
             spec_hash=self.spec_hash, seed=self.seed, determinism=record
         )
-        if self._resume is not None:
-            from worker.script.keras_callback import resume_fit
-
-            resume_fit(self)
+        if self._resume is not None:  # fit starts at the epoch after the checkpoint
+            self._cancel_hooks.append(after_import("keras", lambda _: self._hook_fit()))
         self._write()
 
     @property
@@ -338,6 +408,8 @@ class ScriptRun:
         given = os.environ.get(SPEC_HASH_ENV)
         if given:
             return given
+        if self._link is not None:
+            return str(self._link.spec_hash)
         script = self._record["script"]
         material = {
             "kind": "script",
@@ -366,9 +438,11 @@ class ScriptRun:
         self._write()
         if self._syncer is not None:
             self._syncer.close()  # the record and every checkpoint are on disk from here
+        if self._link is not None and os.getpid() == self._pid:
+            self._report()
 
     def _at_exit(self) -> None:
-        if not self.finished:
+        if not self.finished and os.getpid() == self._pid:
             self.finish("failed" if self._failed else "succeeded")
 
     def __enter__(self) -> ScriptRun:
@@ -444,6 +518,107 @@ class ScriptRun:
             return TraceCallback(self)
         return StepTraceCallback(self, every_steps=every_steps)
 
+    # -- data ----------------------------------------------------------------------------------
+
+    def dataset(self, dataset: Any) -> Any:
+        """`dataset` (a `tf.data.Dataset` of the batches training steps take, one a step),
+        digested batch by batch as training consumes it: each epoch's data fingerprint lets
+        a divergence be told to come from the data or from the computation. Wrap the data
+        the steps train on, and only that (not validation data)."""
+        from worker.script.data import tap
+
+        self._open()
+        return tap(dataset, self._consumed())
+
+    def autolog(self) -> None:
+        """Record every `model.fit` of the script without changing it: the trace callback
+        is added to each call, and the data it trains on is digested (a tf.data.Dataset
+        batch by batch, arrays whole)."""
+        self._open()
+        self._autolog = True
+        self._cancel_hooks.append(after_import("keras", lambda _: self._hook_fit()))
+
+    @property
+    def autologging(self) -> bool:
+        return self._autolog and not self.finished
+
+    def fit_data(self, x: Any, y: Any, sample_weight: Any) -> Any:
+        """The `x` an autologged `fit` trains on (a dataset: wrapped; arrays: digested)."""
+        from worker.script.data import fit_data
+
+        out, warning = fit_data(self._consumed(), x, y, sample_weight)
+        if warning is not None:
+            self._warn_once(warning)
+        return out
+
+    def _hook_fit(self) -> None:
+        from worker.script.keras_callback import hook_fit
+
+        hook_fit()
+
+    def _consumed(self) -> ConsumedData:
+        if self._data is None:
+            from worker.script.data import ConsumedData
+
+            self._data = ConsumedData()
+            self._data.resume_at(self._steps)
+        return self._data
+
+    def _take_data(self, point: TracePoint) -> None:
+        assert self._data is not None
+        if point.kind != "epoch":
+            self._data.advance(point.step)
+            return
+        fingerprint, warning = self._data.end_epoch(point.epoch, point.step)
+        if fingerprint is not None:
+            self._record["data_fingerprints"].append(
+                {"epoch": point.epoch, "fingerprint": fingerprint}
+            )
+        if warning is not None:
+            self._warn_once(warning)
+
+    # -- what cannot be made deterministic ------------------------------------------------------
+
+    def _warn_once(self, message: str) -> None:
+        """Warn of `message` and record it, once a run."""
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        self._record["warnings"].append(message)
+        warnings.warn(message, DeterminismWarning, stacklevel=3)
+
+    def _forking(self) -> None:
+        if self.finished or os.getpid() != self._pid:
+            return
+        self._warn_once(
+            "the script forked a process (e.g. a multiprocessing data loader): the child "
+            "starts from the parent's generator states, and batches made by several "
+            "processes can arrive in a different order from run to run; load data with "
+            "tf.data (deterministic by default) or in the main process"
+        )
+
+    def _watch_numpy(self, numpy: ModuleType) -> None:
+        """Warn of a NumPy generator the script's own code makes without a seed
+        (`np.random.default_rng()`): it takes fresh entropy from the system, so its draws
+        differ on every run. Made by an installed library, it is not the script's
+        training randomness, and left alone."""
+        random_module = numpy.random
+        original = random_module.default_rng
+        if getattr(original, "_reprotrain_watched", False):
+            return
+
+        def default_rng(seed: Any = None) -> Any:
+            caller = sys._getframe(1).f_code.co_filename
+            if seed is None and _current is not None and not _current.finished and _own(caller):
+                _current._warn_once(
+                    "np.random.default_rng() was called without a seed: it draws fresh "
+                    "entropy on every run; give it one, e.g. default_rng(run.seed[0])"
+                )
+            return original(seed)
+
+        default_rng._reprotrain_watched = True  # type: ignore[attr-defined]
+        random_module.default_rng = default_rng
+
     def trace_point(
         self,
         *,
@@ -495,6 +670,8 @@ class ScriptRun:
             variables=fp.variables,
         )
         self._record["trace"].append(point.model_dump())
+        if self._data is not None:
+            self._take_data(point)
         if kind == "epoch":
             self._end_of_epoch(point, values)
         self._write()
@@ -528,6 +705,7 @@ class ScriptRun:
             "seed": list(self.seed),
             "fingerprint": point.fingerprint,
             "trace": self._record["trace"],
+            "data_fingerprints": self._record["data_fingerprints"],
             "metrics": self._record["metrics"],
             "checkpoints": checkpoints,
         }
@@ -564,6 +742,8 @@ class ScriptRun:
     def _write(self) -> None:
         """Replace run.json whole (a reader sees the old record or the new one); synced to
         disk in the background, which `finish` waits for: training does not."""
+        if os.getpid() != self._pid:
+            return  # a process the script forked: the run is its parent's to record
         path = self.directory / "run.json"
         tmp = path.with_name(".run.json.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -627,6 +807,17 @@ def drawn_before_init() -> list[str]:
         "before it starts"
         for name in found
     ]
+
+
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _own(filename: str) -> bool:
+    """Whether code in `filename` is the script's own, not an installed library's (whose
+    generators made at import, say, are not the script's training randomness)."""
+    return not filename.startswith(_LIBRARIES) and not filename.startswith("<frozen")
 
 
 def _now() -> str:
