@@ -89,6 +89,8 @@ class RunOut(BaseModel):
     resumed_from_step: int | None = None
     # The newest spot check's outcome: pending, verified, failed or error (None: never).
     spot_check: str | None = None
+    # "worker", or "by_hand": a script run by hand that recorded itself here.
+    origin: str = "worker"
 
 
 class RunDetail(RunOut):

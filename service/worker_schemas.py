@@ -154,13 +154,17 @@ def _storable(result: JobResult) -> JobResult:
     return result
 
 
+# A result document as the server stores it: a worker's, or a script's run by hand.
+StorableResult = Annotated[
+    JobResult,
+    AfterValidator(_storable),
+    # The free-form parts of a result, stored and shown on the run's pages.
+    bounded_fields("spec", "provenance", "determinism", "metrics", bounds=RESULT),
+]
+
+
 class CompleteIn(WorkerReport):
-    result: Annotated[
-        JobResult,
-        AfterValidator(_storable),
-        # The free-form parts of a result, stored and shown on the run's pages.
-        bounded_fields("spec", "provenance", "determinism", "metrics", bounds=RESULT),
-    ]
+    result: StorableResult
 
 
 class ErrorDoc(StrictInput):

@@ -43,6 +43,8 @@ MODEL_UPLOAD = re.compile(r"^/api/v1/models/?$")  # bounded by max_model_definit
 # A worker's result carries the run's fingerprint trace: bounded by max_result_bytes, which
 # submit checks every spec's result against.
 RESULT_REPORT = re.compile(r"^/api/v1/runs/[^/]+/complete$")
+# ... and so does the result a script run by hand reports of itself.
+BY_HAND_RESULT = re.compile(r"^/api/v1/runs/[^/]+/result$")
 _CLOSE = {"Connection": "close"}
 
 
@@ -62,6 +64,8 @@ def large_body_permission(method: str, path: str) -> Permission | None:
         return "work"
     if DATASET_UPLOAD.match(path) or CODE_UPLOAD.match(path) or MODEL_UPLOAD.match(path):
         return "submit"
+    if BY_HAND_RESULT.match(path):
+        return "submit"
     return None
 
 
@@ -75,7 +79,7 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
         return settings.max_code_bundle_bytes
     if method == "POST" and MODEL_UPLOAD.match(path):
         return settings.max_model_definition_bytes
-    if method == "POST" and RESULT_REPORT.match(path):
+    if method == "POST" and (RESULT_REPORT.match(path) or BY_HAND_RESULT.match(path)):
         return max(settings.max_result_bytes, settings.max_body_bytes)
     return settings.max_body_bytes
 

@@ -232,13 +232,21 @@ def rerun(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = None,
     as_json: JsonFlag = False,
+    on_worker: Annotated[
+        bool,
+        typer.Option(
+            "--on-worker",
+            help="retrain a run recorded by hand (`python train.py` with the service "
+            "configured) on a worker; the comparison names what differs in the environment",
+        ),
+    ] = False,
 ) -> None:
     """Rerun a run by id; with --wait, print the verdict (exit 1 unless identical)."""
     from reprotrain import ApiError
 
     client = repro_client(api, token, token_file)
     try:
-        new = client.rerun(run_id, priority=priority)
+        new = client.rerun(run_id, priority=priority, on_worker=on_worker)
     except ApiError as exc:
         raise api_error_exit(exc) from None
     line = f"run {new.id} queued (rerun of {run_id})"

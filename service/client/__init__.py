@@ -8,7 +8,7 @@ And in your own training script (`reprotrain.init`, from `worker.script`, loaded
 asked for: the client itself needs no TensorFlow):
 
 run = reprotrain.init(project="digits", params={"lr": 0.01})
-model.fit(x, y, epochs=4, callbacks=[run.keras_callback()])
+reprotrain.autolog()  # or: model.fit(..., callbacks=[run.keras_callback()])
 """
 
 from __future__ import annotations
@@ -103,8 +103,12 @@ generator_marks.imported()
 def __getattr__(name: str) -> object:
     # The in-script runtime shares the job runtime's seeding and fingerprints (worker/);
     # importing it here at once would load it for every client user.
-    if name in ("init", "ScriptRun"):
+    if name in ("init", "autolog", "ScriptRun"):
         import worker.script
 
+        from .by_hand import connect
+
+        # A script run by hand records its run on the service the environment names.
+        worker.script.connect_with(connect)
         return getattr(worker.script, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

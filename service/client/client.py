@@ -24,6 +24,7 @@ from .models import (
     TERMINAL,
     Audit,
     AuditLogPage,
+    CodeBundle,
     Comparison,
     Experiment,
     Refinement,
@@ -182,6 +183,10 @@ class Client:
         answer = self._http.json(
             "POST", "/experiments", idempotent=True, content=body, headers=headers, params=params
         )
+        return self._submitted(answer)
+
+    def _submitted(self, answer: dict[str, Any]) -> Run:
+        """The run a submission answered with, with its experiment's spec, hash and seed."""
         experiment = answer["experiment"]
         run = self._run(
             answer["run"],
@@ -276,11 +281,49 @@ class Client:
             if cursor is None or not page.items:
                 return
 
-    def rerun(self, run_id: RunRef, *, priority: int = 0) -> Run:
+    def rerun(self, run_id: RunRef, *, priority: int = 0, on_worker: bool = False) -> Run:
         """Queue a rerun of a run (same spec, same seed); returns the new run. A `priority`
-        above 0 goes before other submitters' runs (admin tokens only)."""
-        params = {"priority": priority} if priority else None
-        return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/rerun", params=params))
+        above 0 goes before other submitters' runs (admin tokens only). A run recorded by
+        hand (`python train.py` with the service configured) is retrained on a worker only
+        with `on_worker`."""
+        params: dict[str, Any] = {"priority": priority} if priority else {}
+        if on_worker:
+            params["on_worker"] = "true"
+        return self._run(
+            self._http.json("POST", f"/runs/{_id(run_id)}/rerun", params=params or None)
+        )
+
+    def record_script_run(
+        self,
+        script: str | Path,
+        args: Sequence[str],
+        *,
+        name: str,
+        seed: Sequence[int],
+    ) -> tuple[Run, CodeBundle]:
+        """Record a run of a script its user runs by hand (what `reprotrain.init()` does
+        with the service configured): the script's directory is pushed by digest and the
+        experiment and its run recorded, running from now; no worker claims it. Returns
+        the run (with its resolved spec) and the directory's bundle."""
+        base, entry = script_entry(Path(script))
+        with tempfile.TemporaryDirectory(prefix="repro-script-") as tmp:
+            wheel = build_script_wheel(base, entry, Path(tmp))
+            bundle = self.code.push(wheel, name=f"{base.name}/{entry}")
+        spec = {
+            "kind": "script",
+            "name": name,
+            "script": {"entry": entry, "args": [str(a) for a in args]},
+            "code": bundle.digest,
+            "seed": [int(s) for s in seed],
+        }
+        answer = self._http.json("POST", "/experiments/by-hand", json=spec)
+        return self._submitted(answer), bundle
+
+    def report_result(self, run_id: RunRef, result: Mapping[str, Any]) -> Run:
+        """Report the result document of a run recorded by hand (`record_script_run`); a
+        repeated report is answered with the run as recorded."""
+        path = f"/runs/{_id(run_id)}/result"
+        return self._run(self._http.json("POST", path, idempotent=True, json=dict(result)))
 
     def cancel(self, run_id: RunRef) -> Run:
         """Cancel a queued or running run."""

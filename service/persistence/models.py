@@ -197,6 +197,9 @@ class Run(Base):
     )
     # Claims take higher priorities first; only an admin sets one above 0.
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
+    # "worker": trained by a worker; "by_hand": a script run by hand that recorded itself
+    # here (never claimed; its rerun trains on a worker).
+    origin: Mapped[str] = mapped_column(String(20), default="worker", server_default="worker")
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(

@@ -173,9 +173,13 @@ def create_experiment(
     copies: int = 1,
     settings: Settings,
     priority: int = 0,
+    by_hand: bool = False,
 ) -> tuple[Experiment, Run, bool]:
     """Store the spec with its resolved seed and queue its first run (its claims come
     before lower `priority`; the caller checks who may set one).
+
+    `by_hand`: the run is a script its user runs by hand, which reports its own result
+    (`record_by_hand`): it starts running at once, and no worker claims it.
 
     With `copies` > 1 it queues that many runs at once as a reproducibility audit: one
     family whose copies go to different workers (the audit id is the first run's id).
@@ -205,6 +209,8 @@ def create_experiment(
     )
     queued = {"submitter_id": actor.token_id if actor is not None else None, "priority": priority}
     run = _queued_run(experiment, spec, **queued)
+    if by_hand:
+        run.status, run.origin, run.started_at = "running", "by_hand", utcnow()
     db.add_all([experiment, run])
     try:
         db.flush()
@@ -227,7 +233,7 @@ def create_experiment(
     audit(
         db=db,
         actor=actor,
-        action="experiment.submit",
+        action="experiment.record_by_hand" if by_hand else "experiment.submit",
         target_type="experiment",
         target_id=experiment.id,
         details={"run_id": run.id, "spec_hash": experiment.spec_hash, "copies": copies},
@@ -306,11 +312,20 @@ def rerun(
     settings: Settings,
     actor: Principal | None = None,
     priority: int = 0,
+    on_worker: bool = False,
 ) -> Run:
-    """A new queued run of the same experiment (same spec and seed; image pinned if known)."""
+    """A new queued run of the same experiment (same spec and seed; image pinned if known).
+    A run recorded by hand is retrained on a worker only when asked to (`on_worker`): its
+    environment was the user's machine, and the rerun's will be a worker's."""
     original = get_run(db, run_id)
     if original.kind != "train":
         raise Conflict(f"run {run_id} is a re-trace; rerun the run it re-traced")
+    if original.origin == "by_hand" and not on_worker:
+        raise Conflict(
+            f"run {run_id} was run by hand, not by a worker: retrain it on a worker with "
+            f"`repro rerun {run_id} --on-worker` (?on_worker=true); the comparison then "
+            "names what differs between the two environments"
+        )
     if original.status == "cancelled":
         raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
     spec = original.experiment.spec

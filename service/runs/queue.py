@@ -408,14 +408,8 @@ def complete(
     run.finished_at = utcnow()
     run.lease_expires_at = None
     run.final_fingerprint = result.final_fingerprint if error is None else None
-    run.trace_granularity = result.trace_granularity
-    run.provenance = result.provenance
-    run.metrics = result.metrics
-    final_metrics.record(db, run, max_names=max_sortable_metrics)
-    run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
-    run.resumed_from_step = result.resumed_from_step
     run.error = error or (result.error.model_dump() if result.error else None)
-    _record_summary_and_trace(db, run, result)
+    take_result(db, run, result, max_sortable_metrics=max_sortable_metrics)
     if run.status == "succeeded" and run.kind == "train":
         verdicts.update_family(
             db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
@@ -428,7 +422,20 @@ def complete(
     return run
 
 
-def _record_summary_and_trace(db: Session, run: Run, result: JobResult) -> None:
+def take_result(db: Session, run: Run, result: JobResult, *, max_sortable_metrics: int) -> None:
+    """What a finished run keeps of its result document: provenance, metrics, data
+    fingerprints, the summary and the trace (its status, fingerprint and error are the
+    caller's to judge)."""
+    run.trace_granularity = result.trace_granularity
+    run.provenance = result.provenance
+    run.metrics = result.metrics
+    final_metrics.record(db, run, max_names=max_sortable_metrics)
+    run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
+    run.resumed_from_step = result.resumed_from_step
+    record_summary_and_trace(db, run, result)
+
+
+def record_summary_and_trace(db: Session, run: Run, result: JobResult) -> None:
     run.result_summary = {
         "spec_hash": result.spec_hash,
         "seed": result.seed,

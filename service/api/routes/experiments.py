@@ -20,12 +20,12 @@ from service.api.deps import (
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
-from service.errors import BodyTooLarge, UnsupportedMediaType
+from service.errors import BodyTooLarge, InvalidSpec, UnsupportedMediaType
 from service.persistence.models import Experiment
 from service.runs import experiments as svc
 from service.runs import fair_share
 from service.schemas import MAX_AUDIT_COPIES, ExperimentOut, Page, SubmitOut
-from worker.spec import held_out_warnings
+from worker.spec import ScriptExperimentSpec, held_out_warnings
 
 router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=JsonRoute)
 
@@ -113,6 +113,39 @@ def submit(
         audit_id=run.audit_id,
         warnings=held_out_warnings(spec),
     )
+
+
+@router.post(
+    "/by-hand",
+    status_code=201,
+    response_model=SubmitOut,
+    openapi_extra={"requestBody": _SPEC_BODY},
+    responses=errors(400, 409, 413, 415, 422),
+)
+def record_by_hand(
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    principal: SubmitAccess,
+    body: Annotated[bytes, Depends(_spec_body)],
+) -> SubmitOut:
+    """Record a script experiment its user runs by hand (`python train.py` with the service
+    configured), and its run, running from now: no worker claims it. The script reports its
+    result itself (`POST /runs/{run_id}/result`); `POST /runs/{run_id}/rerun?on_worker=true`
+    retrains it on a worker."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in _FORMATS:
+        raise UnsupportedMediaType(f"send the spec as JSON or YAML, not {content_type!r}")
+    spec = svc.parse_submission(body, _FORMATS[content_type], settings=settings, db=db)
+    if not isinstance(spec, ScriptExperimentSpec):
+        raise InvalidSpec(
+            "only a script experiment (kind: script) is run by hand",
+            errors=[{"loc": "kind", "msg": "must be 'script'"}],
+        )
+    experiment, run, _ = svc.create_experiment(
+        db=db, spec=spec, actor=principal, settings=settings, by_hand=True
+    )
+    return SubmitOut(experiment=ExperimentOut.model_validate(experiment), run=run_out(db, run))
 
 
 @router.get("", response_model=Page[ExperimentOut], responses=errors(422))

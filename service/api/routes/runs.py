@@ -31,11 +31,12 @@ from service.api.views import run_detail, run_out, spot_check_out
 from service.config import Settings
 from service.errors import NotFound
 from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
+from service.runs import by_hand, fair_share
 from service.runs import experiments as svc
-from service.runs import fair_share
 from service.runs.events import RunWatcher
 from service.schemas import MAX_ID, RunDetail, RunOut, RunPage, SpotCheckIn, SpotCheckOut
 from service.verification import spot_checks
+from service.worker_schemas import StorableResult
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
@@ -133,11 +134,46 @@ def rerun(
     settings: SettingsDep,
     principal: SubmitAccess,
     priority: PriorityQuery = 0,
+    on_worker: Annotated[
+        bool,
+        Query(description="retrain a run recorded by hand on a worker (required for one)"),
+    ] = False,
 ) -> RunOut:
     """Queue a rerun: same experiment, spec, seed, code bundle and (when known) image."""
     priority = fair_share.check_priority(priority, principal)
-    new = svc.rerun(db=db, run_id=run_id, actor=principal, settings=settings, priority=priority)
+    new = svc.rerun(
+        db=db,
+        run_id=run_id,
+        actor=principal,
+        settings=settings,
+        priority=priority,
+        on_worker=on_worker,
+    )
     return run_out(db, new)
+
+
+@router.post(
+    "/{run_id}/result", response_model=RunOut, responses=errors(400, 403, 404, 409, 413, 422)
+)
+def report_by_hand(
+    run_id: IdPath,
+    body: StorableResult,
+    db: SessionDep,
+    settings: SettingsDep,
+    principal: SubmitAccess,
+) -> RunOut:
+    """The result a script run by hand reports of itself when it ends (its run was recorded
+    by `POST /experiments/by-hand`): trace, data fingerprints, metrics, provenance. Nothing
+    checks its final fingerprint against a checkpoint; a repeated report is not written
+    twice."""
+    run = by_hand.record_result(
+        db=db,
+        run_id=run_id,
+        result=body,
+        principal=principal,
+        max_sortable_metrics=settings.max_sortable_metrics,
+    )
+    return run_out(db, run)
 
 
 @router.post(
