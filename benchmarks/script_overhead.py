@@ -11,11 +11,15 @@ whatever the other callbacks do at its end.
   written, per-epoch reseeding.
 - baselines: the same script without those two lines, (a) as it is (nothing set), (b) with
   op determinism and the seed set by hand.
+- the data digested too: the script with `reprotrain.autolog()` (the callback added to
+  `fit`, and each batch of its tf.data input digested as consumed) against the same
+  script, fed the same tf.data pipeline, without Reprotrain.
 - each with `steps_per_execution` 1 and 20.
 
 Steps per second of the best epoch after the first; two processes per case (one in a quick
 run), in one order and then the reverse, the faster counting (see keras_baseline.py).
-Target: the script with Reprotrain >= 0.95 of (a).
+Target: the script with Reprotrain >= 0.95 of (a), and with its data digested >= 0.95 of
+the same tf.data script without Reprotrain.
 
     .venv/bin/python -m benchmarks --only script
 """
@@ -41,17 +45,28 @@ MODES = {
     "reprotrain": "the script with reprotrain.init() and its callback, as a worker runs it",
     "plain": "the same script without them",
     "plain_deterministic": "the same script with op determinism set by hand",
+    "reprotrain_data": "the script on a tf.data input with reprotrain.init() and "
+    "reprotrain.autolog(), its batches digested, as a worker runs it",
+    "plain_data": "the same tf.data script without them",
 }
+# (measured, baseline, whether the ratio has a target)
+PAIRS = (
+    ("reprotrain", "plain", True),
+    ("reprotrain", "plain_deterministic", False),
+    ("reprotrain_data", "plain_data", True),
+)
 
 SCRIPT = """\
 import json, sys, time
 
 mode, steps_per_execution, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 epochs, steps = int(sys.argv[4]), int(sys.argv[5])
-if mode == "reprotrain":
+if mode.startswith("reprotrain"):
     import reprotrain
 
     run = reprotrain.init(name="bench", seed=3)
+    if mode == "reprotrain_data":
+        reprotrain.autolog()
 
 import keras
 import numpy as np
@@ -92,7 +107,11 @@ class End(keras.callbacks.Callback):
 
 start = Start()
 ours = [run.keras_callback()] if mode == "reprotrain" else []
-model.fit(x, y, batch_size=64, epochs=epochs, callbacks=[start, *ours, End()], verbose=0)
+if mode.endswith("_data"):
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(rows, seed=1).batch(64).prefetch(2)
+    model.fit(data, epochs=epochs, callbacks=[start, End()], verbose=0)
+else:
+    model.fit(x, y, batch_size=64, epochs=epochs, callbacks=[start, *ours, End()], verbose=0)
 with open(out, "w") as fh:
     json.dump({"epoch_s": times, "steps": steps}, fh)
 """
@@ -104,7 +123,7 @@ def _run(script: Path, mode: str, n: int, workdir: Path, epochs: int, steps: int
     out = workdir / "times.json"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "REPRO_SCRIPT_RUNS_DIR": str(workdir)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    if mode == "reprotrain":  # what a worker's job gives the script
+    if mode.startswith("reprotrain"):  # what a worker's job gives the script
         env.update(
             {
                 "PYTHONHASHSEED": "0",
@@ -144,16 +163,15 @@ def measure(quick: bool) -> list[Row]:
     best = {case: max(speeds) for case, speeds in found.items()}
     rows = []
     for n in (1, STEPS_PER_EXECUTION):
-        for baseline in ("plain", "plain_deterministic"):
-            ours, theirs = best["reprotrain", n], best[baseline, n]
+        for measured, baseline, targeted in PAIRS:
+            ours, theirs = best[measured, n], best[baseline, n]
             ratio = ours / theirs
-            targeted = baseline == "plain"
             rows.append(
                 Row(
                     section="script",
                     benchmark="your script's steps/s with Reprotrain vs without",
                     configuration=f"MLP 32-256-256-10, batch 64 x {steps} steps/epoch, "
-                    f"steps_per_execution {n}: {MODES['reprotrain']} vs {MODES[baseline]}",
+                    f"steps_per_execution {n}: {MODES[measured]} vs {MODES[baseline]}",
                     unit="steps/s",
                     measured=ours,
                     baseline=theirs,
@@ -163,11 +181,12 @@ def measure(quick: bool) -> list[Row]:
                     cause=""
                     if not targeted or ratio >= TARGET
                     else "the epoch end's fingerprint and checkpoint, and op determinism, "
-                    "take more than 5% of an epoch",
+                    "take more than 5% of an epoch"
+                    + ("; each batch's digest on the input pipeline" if "data" in measured else ""),
                     params={
                         "steps_per_execution": n,
                         "baseline": baseline,
-                        "processes_steps_per_s": found["reprotrain", n],
+                        "processes_steps_per_s": found[measured, n],
                         "baseline_processes_steps_per_s": found[baseline, n],
                     },
                 )
