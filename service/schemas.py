@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, StringConstraints
 
 T = TypeVar("T")
 
@@ -91,10 +91,36 @@ class RunOut(BaseModel):
     spot_check: str | None = None
     # "worker", or "by_hand": a script run by hand that recorded itself here.
     origin: str = "worker"
+    # What people call the run and its tags (PATCH /runs/{id}); None: never given.
+    name: str | None = None
+    tags: list[str] | None = None
+
+
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,63}$"
+Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN)]
+MAX_TAGS = 32
+MAX_NOTES_CHARS = 10_000
+
+
+class RunEdit(BaseModel):
+    """What `PATCH /runs/{id}` changes: only the fields given. `name` and `notes` replace
+    (null or "" clears); `tags` replaces the whole set, `add_tags` and `remove_tags` change
+    it. A tag is 1 to 64 characters: letters, digits and `_ . : / + -`, not starting
+    with punctuation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, StringConstraints(max_length=200)] | None = None
+    notes: Annotated[str, StringConstraints(max_length=MAX_NOTES_CHARS)] | None = None
+    tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] | None = None
+    add_tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] = []
+    remove_tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] = []
 
 
 class RunDetail(RunOut):
     """A run with everything recorded about it."""
+
+    notes: str | None = None
 
     spec: dict[str, Any]
     spec_hash: str
@@ -291,7 +317,7 @@ class ComparisonReport(BaseModel):
     differences: list[VariableDifference] = Field(default_factory=list)
     differences_measured_at: MeasuredAt | None = None
     differences_note: str | None = None
-    cause: Literal["data", "compute", "unknown"] | None = None
+    cause: Literal["seed", "data", "compute", "unknown"] | None = None
     data: DataCheck | None = None
     data_epochs_differing: list[int] = Field(default_factory=list)
     data_epochs_equal: list[int] = Field(default_factory=list)
@@ -390,6 +416,9 @@ class ReproAuditOut(BaseModel):
     agree: bool | None
     distinct_workers: int
     summary: str
+    # Set when every copy ran on one worker: agreement there says nothing across machines.
+    caveat: str | None = None
+    created_at: datetime | None = None
 
 
 class DatasetArray(BaseModel):

@@ -173,7 +173,13 @@ def compare_page(
         spec_diff=spec_diff(run_a, run_b),
         curves=[svg(c) for c in overlaid_curves(run_a, run_b)],
         refinement=refined,
-        can_refine=report.verdict == "diverged" and run_a.kind == run_b.kind == "train",
+        # Refining replays an epoch step by step: nothing to refine where the runs differ
+        # before any step (initial weights) or only because their seeds differ.
+        can_refine=report.verdict == "diverged"
+        and run_a.kind == run_b.kind == "train"
+        and report.first_divergence is not None
+        and report.first_divergence.kind != "init"
+        and report.cause != "seed",
     )
 
 

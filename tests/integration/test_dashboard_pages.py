@@ -96,6 +96,7 @@ def pages(w: World) -> list[str]:
         f"/experiments/{w.experiment}",
         f"/runs/{w.reference}/certificate",
         f"/audits/{w.audit}",
+        "/audits",
         "/workers",
     ]
 
@@ -221,6 +222,63 @@ def test_run_and_compare_pages_show_seed_fingerprint_marks_and_divergence(
     assert "No recorded environment field differs." in compare
     everything = browser.get(f"/compare?a={world.reference}&b={world.diverged}&env=all").text
     assert "libraries.tensorflow" in everything and "= same" in everything
+
+
+def test_a_seed_change_is_named_as_the_cause_on_the_page_and_at_the_api(
+    app: Any, world: World, browser: AsgiBrowser
+) -> None:
+    """Another seed: initial weights and every epoch's data differ. The page once said
+    "cause: compute" with "data equal"; it names the spec's seed and offers no refinement."""
+    from service.runs.experiments import create_experiment
+    from worker.spec import ExperimentSpec
+
+    with app.state.sessionmaker() as db:
+        worker = db.scalars(select(Worker)).one()
+        spec = ExperimentSpec.model_validate({**dashboard_world.spec_doc(), "seed": 43})
+        _, reseeded, _ = create_experiment(db=db, spec=spec, settings=app.state.settings)
+        dashboard_world.finish(db, reseeded, worker, diverge_at=0)
+        reseeded.data_fingerprints = [
+            {"epoch": e, "fingerprint": f"sha256:{e:064x}"} for e in (1, 2, 3)
+        ]
+        db.commit()
+        other = reseeded.id
+    logged_in(browser, world.admin_token)
+    compare = browser.get(f"/compare?a={world.reference}&b={other}").text
+    assert "cause: spec (seed)" in compare
+    assert "data equal" not in compare and "Refine to the step" not in compare
+    assert "different seeds" in compare
+    report = browser.get(
+        f"/api/v1/compare?a={world.reference}&b={other}",
+        headers={"Authorization": f"Bearer {world.admin_token}"},
+    ).json()
+    assert report["cause"] == "seed" and report["data_epochs_differing"] == [1, 2, 3]
+
+
+def test_audits_have_an_index_and_copies_on_one_worker_say_what_they_prove(
+    app: Any, world: World, browser: AsgiBrowser
+) -> None:
+    """`/audits` once answered a raw JSON 404; an audit was reachable only from its copies.
+    Copies that all ran on one worker said "1 distinct workers" without a caveat."""
+    logged_in(browser, world.admin_token)
+    index = browser.get("/audits")
+    assert index.status_code == 200 and f'href="/audits/{world.audit}"' in index.text
+    assert 'href="/audits">Audits</a>' in index.text  # in the navigation
+    assert "running" in index.text and "one machine" not in index.text
+    with app.state.sessionmaker() as db:
+        worker = db.scalars(select(Worker)).one()
+        for run in db.scalars(select(Run).where(Run.audit_id == world.audit)).all():
+            run.status = "queued"
+            dashboard_world.finish(db, run, worker)
+    index = browser.get("/audits").text
+    assert "all agree" in index and "one machine" in index
+    page = browser.get(f"/audits/{world.audit}").text
+    assert re.search(r"2 copies on 1 distinct worker(?!s)", page)
+    assert "not across machines" in page
+    listed = browser.get(
+        "/api/v1/repro-audits", headers={"Authorization": f"Bearer {world.viewer_token}"}
+    ).json()
+    assert [a["id"] for a in listed] == [world.audit]
+    assert listed[0]["agree"] is True and "one worker" in listed[0]["caveat"]
 
 
 def test_without_a_session_pages_redirect_to_login_and_fragments_answer_401(

@@ -97,6 +97,69 @@ def test_runs_differing_only_in_replicas_get_the_spec_diff_data_and_weight_sizes
     assert "specs differ: distribution.replicas" in describe(report)
 
 
+def _differing_from(trace: Sequence[TracePoint], start: int) -> list[TracePoint]:
+    """`trace` with every variable different from the point at index `start` on."""
+    changed = {
+        p.epoch: {v: hashlib.sha256(f"x{d}".encode()).hexdigest() for v, d in p.variables.items()}
+        for p in trace
+    }
+    return [
+        p
+        if i < start
+        else TracePoint(
+            kind=p.kind,
+            epoch=p.epoch,
+            step=p.step,
+            fingerprint=combine(other.items()),
+            variables=other,
+        )
+        for i, p in enumerate(trace)
+        for other in [changed[p.epoch]]
+    ]
+
+
+def test_a_seed_change_is_the_cause_and_the_data_are_never_called_equal() -> None:
+    """Two seeds: initial weights and every epoch's data differ. The report once said
+    "the computation differed (data equal)" (cause compute) while listing all epochs'
+    data as different; the cause is the spec's seed, in the report and its sentences."""
+    seeded = {**_spec(), "seed": [8, 0]}
+    a = _record(_trace(3), _spec())
+    b = _record(
+        _differing_from(_trace(3), 0),
+        seeded,
+        data={e: f"other-{e}" for e in range(1, 4)},
+        spec_hash="sha256:other-seed",
+    )
+    report = build_report(a, b)
+    ComparisonReport.model_validate(report)
+    assert report["verdict"] == "diverged" and report["first_divergence"]["kind"] == "init"
+    assert report["cause"] == "seed"
+    assert report["data_epochs_differing"] == [1, 2, 3]
+    line = describe(report)
+    assert "data equal" not in line and "computation" not in line
+    assert "seeds differ" in line
+    assert "different seeds ([7, 0] vs [8, 0])" in report["explanation"]
+    assert "the data of epochs 1, 2, 3 differ too" in report["explanation"]
+    assert "before any data was used" not in report["explanation"]
+
+    # Weights equal at initialisation, first different after epoch 2: still the seed.
+    c = _record(_differing_from(_trace(3), 2), seeded, spec_hash="sha256:other-seed")
+    later = build_report(a, c)
+    assert later["cause"] == "seed" and later["first_divergence"]["epoch"] == 2
+    assert "data equal" not in describe(later)
+
+
+def test_initial_weights_that_differ_within_one_spec_never_call_the_data_equal() -> None:
+    a = _record(_trace(3), _spec())
+    b = _record(_differing_from(_trace(3), 0), _spec(), data={1: "data-1", 2: "x", 3: "y"})
+    report = build_report(a, b)
+    assert report["cause"] == "compute" and report["data"]["equal"] is None
+    assert describe(report).endswith("the initial weights differ, before any data")
+    assert "the data of epochs 2, 3 differ as well" in report["explanation"]
+    same_data = build_report(a, _record(_differing_from(_trace(3), 0), _spec()))
+    assert "differ as well" not in same_data["explanation"]
+
+
 def test_runs_of_different_specs_that_train_the_same_bits_are_identical_with_the_diff() -> None:
     report = build_report(_record(_trace(2), _spec(xla=False)), _record(_trace(2), _spec(xla=True)))
     assert report["verdict"] == "identical"
@@ -169,3 +232,19 @@ def test_step_checkpoints_upload_and_download_like_epoch_ones(tmp_path: Path) ->
     ):
         with pytest.raises(ValueError):
             checkpoint_downloads(bad)
+
+
+def test_the_command_line_table_says_why_a_size_is_missing() -> None:
+    """Shapes that differ leave the sizes "-": the table once showed no reason."""
+    from service.cli.report import report_lines
+
+    def wider(epoch: int, paths: Sequence[str]) -> Mapping[str, np.ndarray]:
+        return {p: np.ones(4, dtype=np.float32) for p in paths}
+
+    a = _record(_trace(3), _spec(1), checkpoint_epochs=[1, 2, 3], read_checkpoint=_reader(0.0))
+    b = _record(
+        _trace(3, diverge_at=1), _spec(2), checkpoint_epochs=[1, 2, 3], read_checkpoint=wider
+    )
+    lines = report_lines(build_report(a, b))
+    row = next(line for line in lines if line.lstrip().startswith(VARS[0]))
+    assert "different dtype/shape: float32[3] vs float32[4]" in row, lines

@@ -126,12 +126,23 @@ def _measure(
     return rows, where, note
 
 
-def _cause(point: TracePoint, a: RunRecord, b: RunRecord) -> tuple[str, dict[str, Any]]:
-    """('data' | 'compute' | 'unknown', the data fingerprints of the divergent epoch)."""
+def _seed_differs(spec_diff: Sequence[Mapping[str, Any]]) -> bool:
+    return any(d["path"] == "seed" or d["path"].startswith("seed.") for d in spec_diff)
+
+
+def _cause(
+    point: TracePoint, a: RunRecord, b: RunRecord, spec_diff: Sequence[Mapping[str, Any]]
+) -> tuple[str, dict[str, Any]]:
+    """('seed' | 'data' | 'compute' | 'unknown', the data fingerprints of the divergent
+    epoch). Another seed draws other initial weights and other batches: it is the cause
+    wherever the runs first differ, and the data are never called equal for it."""
     if point.kind == "init":
-        return "compute", {"epoch": 0, "a": None, "b": None, "equal": None}
+        data: dict[str, Any] = {"epoch": 0, "a": None, "b": None, "equal": None}
+        return ("seed" if _seed_differs(spec_diff) else "compute"), data
     fa, fb = a.data.get(point.epoch), b.data.get(point.epoch)
     data = {"epoch": point.epoch, "a": fa, "b": fb, "equal": None if not fa or not fb else fa == fb}
+    if _seed_differs(spec_diff):
+        return "seed", data
     if data["equal"] is None:
         return "unknown", data
     return ("compute" if data["equal"] else "data"), data
@@ -221,7 +232,7 @@ def _build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     for path in changed + only_a + only_b:
         layers.setdefault(layer_of(path), []).append(path)
     differences, measured_at, note = _measure(a, b, pa, changed)
-    cause, data = _cause(pa, a, b)
+    cause, data = _cause(pa, a, b, spec_diff)
     last = located.common[located.last_equal][0] if located.last_equal is not None else None
     report = {
         "verdict": "diverged",
@@ -358,7 +369,15 @@ def _explain_diverged(r: Mapping[str, Any]) -> str:
     div, cause = r["first_divergence"], r["cause"]
     epoch = div["epoch"]
     sentences = []
-    if cause == "data":
+    differing = r["data_epochs_differing"]
+    if cause == "seed":
+        seeds = next(d for d in r["spec_diff"] if d["path"].split(".")[0] == "seed")
+        sentences.append(
+            f"The runs were given different seeds ({seeds['a']} vs {seeds['b']}): another "
+            "seed draws other initial weights and other batches, so they train differently"
+            + (f"; the data of {_epochs(differing)} differ too." if differing else ".")
+        )
+    elif cause == "data":
         before = f"Data identical through epoch {epoch - 1}; the" if epoch > 1 else "The"
         sentences.append(
             f"{before} input pipeline diverged in epoch {epoch}: the runs' data fingerprints "
@@ -370,7 +389,10 @@ def _explain_diverged(r: Mapping[str, Any]) -> str:
             "computation diverged."
         )
     elif cause == "compute":
-        sentences.append("The initial weights already differ, before any data was used.")
+        sentences.append(
+            "The initial weights already differ, before any data was used"
+            + (f"; the data of {_epochs(differing)} differ as well." if differing else ".")
+        )
     else:
         sentences.append(f"The data fingerprints of epoch {epoch} were not recorded by both runs.")
     names = r["variables"]
@@ -399,7 +421,11 @@ def _explain_diverged(r: Mapping[str, Any]) -> str:
         sentences.append(f"The state first differs at the {div['label']}.")
     if r["differences_note"]:
         sentences.append(f"Sizes: {r['differences_note']}.")
-    if r.get("spec_diff"):
+    if r.get("spec_diff") and cause == "seed":
+        unseeded = [d for d in r["spec_diff"] if d["path"].split(".")[0] != "seed"]
+        if unseeded:
+            sentences.insert(1, _spec_sentence(unseeded))
+    elif r.get("spec_diff"):
         sentences.insert(0, _spec_sentence(r["spec_diff"]))
     else:
         sentences.append(_environment_sentence(r["provenance_diff"], cause))
@@ -422,12 +448,30 @@ def describe(report: Mapping[str, Any]) -> str:
     names = ", ".join(report["variables"][:_SHOWN_VARIABLES]) or "(no variable list)"
     more = len(report["variables"]) - _SHOWN_VARIABLES
     names += f" and {more} more" if more > 0 else ""
-    cause = {
-        "data": "the input data differed",
-        "compute": "the computation differed (data equal)",
-        "unknown": "data fingerprints missing",
-    }[report["cause"]]
-    return f"diverged at {div['label']} in {names}; {cause}{specs}"
+    return f"diverged at {div['label']} in {names}; {cause_phrase(report)}{specs}"
+
+
+def cause_phrase(report: Mapping[str, Any]) -> str:
+    """What a diverged report names as the cause, in words: "data equal" only where the data
+    fingerprints of the divergent epoch were compared and are equal."""
+    cause = report["cause"]
+    if cause == "seed":
+        return "the specs' seeds differ"
+    if cause == "data":
+        return "the input data differed"
+    if cause == "unknown":
+        return "data fingerprints missing"
+    if (report.get("data") or {}).get("equal"):
+        return "the computation differed (data equal)"
+    if report["first_divergence"]["kind"] == "init":
+        return "the initial weights differ, before any data"
+    return "the computation differed"
+
+
+def _epochs(epochs: Sequence[int]) -> str:
+    shown = ", ".join(str(e) for e in epochs[:_SHOWN_FIELDS])
+    more = f" and {len(epochs) - _SHOWN_FIELDS} more" if len(epochs) > _SHOWN_FIELDS else ""
+    return f"epoch{'s' if len(epochs) > 1 else ''} {shown}{more}"
 
 
 def record_from_result(result: JobResult, label: str) -> RunRecord:
