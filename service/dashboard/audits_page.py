@@ -1,5 +1,5 @@
-"""The audit page (`/audits/{id}`): the N copies of a reproducibility audit, which
-workers ran them, and whether they agree bitwise."""
+"""The audits (`/audits`, newest first) and an audit's page (`/audits/{id}`): the N copies
+of a reproducibility audit, which workers ran them, and whether they agree bitwise."""
 
 from __future__ import annotations
 
@@ -11,6 +11,16 @@ from service.dashboard.web import PageRoute, ViewerDep, render
 from service.runs import audits as repro_audits
 
 router = APIRouter(route_class=PageRoute)
+
+
+AUDITS_SHOWN = 100
+
+
+@router.get("/audits", response_class=HTMLResponse)
+def audits_page(request: Request, viewer: ViewerDep, db: ReadSessionDep) -> HTMLResponse:
+    """The newest audits: whether each one's copies agree, and on how many workers."""
+    audits = repro_audits.audit_list(db, limit=AUDITS_SHOWN)
+    return render(request, "audits.html", viewer, audits=audits, shown=AUDITS_SHOWN)
 
 
 @router.get("/audits/{audit_id}", response_class=HTMLResponse)

@@ -90,6 +90,16 @@ def refinement(refinement_id: IdPath, db: SessionDep, _: ReadAccess) -> Refineme
     return RefinementOut.model_validate(comparisons.refinement_view(db, found))
 
 
+@router.get("/repro-audits", response_model=list[ReproAuditOut], responses=errors(422))
+def repro_audit_list(
+    db: ReadSessionDep,
+    _: ReadAccess,
+    limit: Annotated[int, Query(ge=1, le=200, description="audits, newest first")] = 50,
+) -> list[ReproAuditOut]:
+    """The newest reproducibility audits, each with its copies and whether all agree."""
+    return [ReproAuditOut.model_validate(v) for v in repro_audits.audit_list(db, limit=limit)]
+
+
 @router.get("/repro-audits/{audit_id}", response_model=ReproAuditOut, responses=errors(404, 422))
 def repro_audit(audit_id: IdPath, db: ReadSessionDep, _: ReadAccess) -> ReproAuditOut:
     """A reproducibility audit (submitted with `?copies=N`): its copies and whether all agree."""
