@@ -7,12 +7,12 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from reprotrain.local_token import ADMIN_TOKEN_FILE as ADMIN_TOKEN_FILE  # the client reads it
 from service.auth import tokens as auth
 from service.auth.tokens import Role
 from service.errors import Unauthorized
 from service.persistence.file_modes import open_private, private_dir
 
-ADMIN_TOKEN_FILE = "admin-token"
 WORKER_TOKEN_FILE = "worker-token"
 
 

@@ -20,6 +20,7 @@ from pydantic import Field, PrivateAttr
 from .admin import Tokens, audit_log
 from .errors import WaitTimeout
 from .http import Http
+from .local_token import admin_token_path, local_admin_token
 from .models import (
     TERMINAL,
     Audit,
@@ -44,6 +45,16 @@ RunRef = int | RunState
 
 def _id(run: RunRef) -> int:
     return run.id if isinstance(run, RunState) else int(run)
+
+
+class _Unset:
+    """A keyword argument not given (None is a value: it clears)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
 
 
 class Run(RunState):
@@ -91,6 +102,10 @@ class Run(RunState):
         """Cancel the run if it is queued or running."""
         return self._api().cancel(self.id)
 
+    def edit(self, **changes: Any) -> Run:
+        """Change the run's name, notes or tags (see `Client.edit_run`)."""
+        return self._api().edit_run(self.id, **changes)
+
     def compare(self, other: RunRef) -> Comparison:
         """This run compared with another: verdict, first divergence, environment diff."""
         return self._api().compare(self.id, other)
@@ -109,7 +124,8 @@ class RunPage:
 
 
 class Client:
-    """The Reprotrain API. `url` defaults to REPRO_API_URL, `token` to REPRO_TOKEN.
+    """The Reprotrain API. `url` defaults to REPRO_API_URL, `token` to REPRO_TOKEN, else,
+    for an API on this machine, to the admin token `repro serve` keeps (as the CLI does).
 
     Every request times out after `timeout` s. Reads, and submits (each carries an
     idempotency key), are retried at most `retries` times on 429, 502, 503 and 504, waiting
@@ -128,9 +144,16 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url or os.environ.get("REPRO_API_URL") or DEFAULT_URL
+        origin = "the token argument" if token else None
+        if not token and os.environ.get("REPRO_TOKEN"):
+            token, origin = os.environ["REPRO_TOKEN"], "REPRO_TOKEN"
+        if not token:
+            token = local_admin_token(self.url)
+            origin = f"the local admin token file {admin_token_path()}"
         self._http = Http(
             self.url,
-            token or os.environ.get("REPRO_TOKEN") or None,
+            token,
+            token_origin=origin,
             timeout=timeout,
             retries=retries,
             backoff=backoff,
@@ -242,11 +265,17 @@ class Client:
         status: str | None = None,
         experiment_id: int | None = None,
         verdict: str | None = None,
+        tag: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
         """One page of runs, newest first; pass its `next_cursor` back for the next."""
-        filters = {"status": status, "experiment_id": experiment_id, "verdict": verdict}
+        filters = {
+            "status": status,
+            "experiment_id": experiment_id,
+            "verdict": verdict,
+            "tag": tag,
+        }
         params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
         params["limit"] = limit
         if cursor is not None:
@@ -260,6 +289,7 @@ class Client:
         status: str | None = None,
         experiment_id: int | None = None,
         verdict: str | None = None,
+        tag: str | None = None,
         limit: int | None = None,
         page_size: int = 100,
     ) -> Iterator[Run]:
@@ -272,6 +302,7 @@ class Client:
                 status=status,
                 experiment_id=experiment_id,
                 verdict=verdict,
+                tag=tag,
                 limit=want,
                 cursor=cursor,
             )
@@ -324,6 +355,28 @@ class Client:
         repeated report is answered with the run as recorded."""
         path = f"/runs/{_id(run_id)}/result"
         return self._run(self._http.json("POST", path, idempotent=True, json=dict(result)))
+
+    def edit_run(
+        self,
+        run_id: RunRef,
+        *,
+        name: str | _Unset | None = UNSET,
+        notes: str | _Unset | None = UNSET,
+        tags: Sequence[str] | _Unset | None = UNSET,
+        add_tags: Sequence[str] = (),
+        remove_tags: Sequence[str] = (),
+    ) -> Run:
+        """Name a run, write its notes, set its tags (all of them) or add and remove some;
+        what is not given stays as it is, None or "" clears. Returns the run as it now is."""
+        body: dict[str, Any] = {}
+        for key, value in (("name", name), ("notes", notes), ("tags", tags)):
+            if not isinstance(value, _Unset):
+                body[key] = list(value) if key == "tags" and value is not None else value
+        if add_tags:
+            body["add_tags"] = list(add_tags)
+        if remove_tags:
+            body["remove_tags"] = list(remove_tags)
+        return self._run(self._http.json("PATCH", f"/runs/{_id(run_id)}", json=body))
 
     def cancel(self, run_id: RunRef) -> Run:
         """Cancel a queued or running run."""

@@ -23,10 +23,12 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 def carries_tokens_safely(url: str) -> bool:
     """Whether a token sent to `url` stays off the network: https, or http to this machine."""
-    parsed = httpx.URL(url)
-    if parsed.scheme != "http":
-        return True
-    host = parsed.host
+    return httpx.URL(url).scheme != "http" or is_this_machine(url)
+
+
+def is_this_machine(url: str) -> bool:
+    """Whether `url` names this machine (localhost, a loopback address)."""
+    host = httpx.URL(url).host
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -87,9 +89,12 @@ class Http:
         backoff: float,
         max_retry_wait: float,
         transport: httpx.BaseTransport | None = None,
+        token_origin: str | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
+        # Where the token came from, for the one error a person must act on: 401.
+        self.token_origin = token_origin if token else None
         if token and not carries_tokens_safely(self.url):
             warnings.warn(
                 f"{self.url} is plain http to another machine: the API token travels in clear "
@@ -134,6 +139,8 @@ class Http:
                 response.read()
                 response.close()
                 error = error_from(response)
+                if response.status_code == 401:
+                    error = self._unauthorized(error)
                 asked = error.retry_after
                 if (
                     last
@@ -145,6 +152,22 @@ class Http:
                 wait = wait if asked is None else asked
             time.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _unauthorized(self, error: ApiError) -> ApiError:
+        """A 401 that says which token was refused, or that none was sent, and where one
+        comes from."""
+        said = error.detail if isinstance(error.detail, str) else "not authenticated"
+        sent = (
+            f"the token from {self.token_origin} was refused"
+            if self.token_origin
+            else "no token was sent"
+        )
+        where = (
+            "a token comes from Client(token=...), REPRO_TOKEN, or on the machine that runs "
+            "`repro serve` from its admin token file (REPRO_DATA_DIR, default ~/.reprotrain, "
+            "/admin-token); an admin makes more with `repro token create`"
+        )
+        return ApiError(401, f"{said}: {sent}; {where}", errors=error.errors)
 
     def call(
         self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any

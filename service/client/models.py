@@ -140,6 +140,18 @@ class RunsComparison(ApiModel):
         ]
 
 
+class Progress(ApiModel):
+    """A running job's latest progress event: what it is (`step`, `epoch_end`, `checkpoint`,
+    `interrupted`...), where training is, and the metrics it carries (as extra fields)."""
+
+    event: str
+    epoch: int | None = None
+    step: int | None = None
+    epochs: int | None = None
+    batches: int | None = None
+    loss: float | None = None
+
+
 class RunState(ApiModel):
     """A run as the API shows it: the fields of a listing, and with `Client.run` also its
     spec, seed, metrics and verdict report."""
@@ -151,7 +163,12 @@ class RunState(ApiModel):
     rerun_of_id: int | None = None
     family_id: int | None = None
     worker_id: int | None = None
-    progress: dict[str, Any] | None = None
+    progress: Progress | None = None
+    # Why a queued run is not being claimed (its pinned image has no live worker...).
+    waiting_reason: str | None = None
+    name: str | None = None  # what people call the run (`Client.edit_run`)
+    tags: list[str] | None = None
+    notes: str | None = None
     final_fingerprint: str | None = None
     error: dict[str, Any] | None = None
     verdict: str | None = None

@@ -122,3 +122,83 @@ def test_submit_and_rerun_take_a_priority_from_an_admin_only(
     assert refused.returncode != 0 and "admin" in refused.stderr, refused.stderr
     refused = repro("rerun", str(run["id"]), "--priority", "1", *submitter)
     assert refused.returncode != 0 and "admin" in refused.stderr, refused.stderr
+
+
+def test_client_takes_the_local_admin_token_and_its_401_says_where_tokens_come_from(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Client()` on the machine of `repro serve` uses its admin token, as the CLI does; it
+    once sent none and its 401 did not say where a token comes from."""
+    from reprotrain import ApiError, Client
+
+    monkeypatch.delenv("REPRO_TOKEN", raising=False)
+    monkeypatch.setenv("REPRO_DATA_DIR", str(service.data_dir))
+    with Client(service.url) as local:
+        assert local.runs_page(limit=1).items == []  # authenticated by the local token
+
+    # The same token never goes to another machine: none is sent there.
+    monkeypatch.setenv("REPRO_DATA_DIR", str(service.data_dir.parent / "elsewhere"))
+    with Client(service.url) as anonymous, pytest.raises(ApiError) as refused:
+        anonymous.runs_page(limit=1)
+    message = str(refused.value)
+    assert refused.value.status_code == 401
+    assert "no token was sent" in message and "REPRO_TOKEN" in message
+    assert "admin-token" in message and "repro token create" in message
+
+    monkeypatch.setenv("REPRO_TOKEN", "rt_not-a-real-token")
+    with Client(service.url) as wrong, pytest.raises(ApiError) as refused:
+        wrong.runs_page(limit=1)
+    assert "the token from REPRO_TOKEN was refused" in str(refused.value)
+
+
+def test_a_worker_without_a_token_says_what_it_needs_instead_of_a_traceback(
+    service: Service, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REPRO_TOKEN"}
+    done = repro(
+        "worker", "--api", service.url, "--work-dir", str(tmp_path / "w"), env=env, timeout=120
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "no token was given" in done.stderr and "--role worker" in done.stderr
+
+
+def test_runs_lists_by_filter_and_cancel_stops_a_run(service: Service, tmp_path: Path) -> None:
+    """The CLI had no `runs` list with filters and no `cancel`."""
+    api = ("--api", service.url, "--token", service.admin_token)
+    spec = blobs_spec(name="to-cancel")
+    spec["training"]["epochs"] = 200
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    submitted = repro("submit", str(path), "--json", *api)
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = json.loads(submitted.stdout)["run"]["id"]
+    cancelled = repro("cancel", str(run_id), "99999", *api)
+    assert cancelled.returncode == 1  # one of the two does not exist
+    assert f"run {run_id} cancelled" in cancelled.stdout, cancelled.stdout
+    assert "run 99999:" in cancelled.stderr and "404" in cancelled.stderr
+
+    listed = repro("runs", "--status", "cancelled", "--json", *api)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)["items"]] == [run_id]
+    table = repro("runs", "--status", "cancelled", *api)
+    assert table.returncode == 0 and str(run_id) in table.stdout
+    none = repro("runs", "--status", "cancelled", "--verdict", "identical", "--json", *api)
+    assert json.loads(none.stdout)["items"] == []
+
+    # Named and tagged from the command line, found by its tag, shown by status.
+    edited = repro("edit", str(run_id), "--name", "too long", "--tag", "abandoned", *api)
+    assert edited.returncode == 0, edited.stderr
+    assert f"run {run_id}  too long [abandoned]" in edited.stdout
+    tagged = repro("runs", "--tag", "abandoned", "--json", *api)
+    assert [r["id"] for r in json.loads(tagged.stdout)["items"]] == [run_id]
+    from reprotrain import Client
+
+    with Client(service.url, service.admin_token) as client:
+        run = client.edit_run(run_id, notes="200 epochs was a typo", add_tags=["typo"])
+        assert run.name == "too long" and run.tags == ["abandoned", "typo"]
+        assert [r.id for r in client.runs(tag="typo")] == [run_id]
+    shown = repro("status", str(run_id), *api).stdout
+    assert "too long" in shown and "abandoned, typo" in shown and "200 epochs was" in shown
+    nothing = repro("edit", str(run_id), *api)
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
