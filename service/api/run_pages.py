@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import aliased
 
 from service.api.views import out_columns
-from service.persistence.models import Run, Verdict
+from service.persistence.models import Run, RunTag, Verdict
 from service.persistence.sql_datetimes import utc_iso
 from service.schemas import MAX_ID, RunOut, RunPage
 from service.verification.verdicts import is_reference
@@ -73,6 +73,7 @@ class RunFilters:
     experiment_id: int | None = None
     verdict: str | None = None  # identical, diverged, incomparable, reference or none
     spot_check: str | None = None  # pending, verified, failed, error or none
+    tag: str | None = None  # runs with this tag (through run_tags' (tag, run_id) index)
 
 
 def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Select[Any]:
@@ -87,6 +88,8 @@ def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Sel
         query = query.where(Run.status == filters.status)
     if filters.experiment_id is not None:
         query = query.where(Run.experiment_id == filters.experiment_id)
+    if filters.tag is not None:
+        query = query.where(exists().where(RunTag.run_id == Run.id, RunTag.tag == filters.tag))
     verdict = filters.verdict
     if verdict in ("identical", "diverged", "incomparable"):
         return query.join(Verdict, Verdict.run_id == Run.id).where(Verdict.verdict == verdict)
@@ -114,7 +117,12 @@ def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Sel
 
 @cache
 def _page_query(
-    status: bool, experiment: bool, verdict: str | None, after_cursor: bool, spot_check: str | None
+    status: bool,
+    experiment: bool,
+    verdict: str | None,
+    after_cursor: bool,
+    spot_check: str | None,
+    tag: bool = False,
 ) -> Select[Any]:
     """The statement of a page for this shape of filters, built once (building one costs
     more than running it): the filter values, the cursor's id, offset and limit are bound
@@ -125,6 +133,7 @@ def _page_query(
         experiment_id=bindparam("experiment_id") if experiment else None,  # type: ignore[arg-type]
         verdict=verdict,
         spot_check=spot_check,
+        tag=bindparam("tag") if tag else None,  # type: ignore[arg-type]
     )
     query = _filtered(select(*_page_columns()), shape, verdicts=True)
     if after_cursor:
@@ -204,8 +213,11 @@ def list_runs(
         filters.verdict,
         cursor is not None,
         filters.spot_check,
+        filters.tag is not None,
     )
     values: dict[str, Any] = {"kind": filters.kind, "offset": offset, "limit": limit + 1}
+    if filters.tag is not None:
+        values["tag"] = filters.tag
     if filters.status is not None:
         values["status"] = filters.status
     if filters.experiment_id is not None:

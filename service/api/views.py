@@ -92,6 +92,7 @@ _DETAIL_COLUMNS = (
     "trace_granularity",
     "result_summary",
     "reported_by",
+    "notes",
 )
 
 

@@ -3,10 +3,12 @@ the family reference, curves, live progress, error, artifacts; Rerun, Cancel, Au
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -20,7 +22,8 @@ from service.dashboard.web import PageRoute, ViewerDep, finite, render, svg
 from service.errors import Conflict, MalformedBody, NotFound
 from service.persistence.models import Artifact, Verdict, Worker
 from service.runs import experiments as svc
-from service.schemas import MAX_AUDIT_COPIES
+from service.runs import labels
+from service.schemas import MAX_AUDIT_COPIES, RunEdit
 from service.storage import artifacts, blob_store
 from service.verification import spot_checks
 from worker.errors import SpecError
@@ -160,6 +163,26 @@ async def cancel(request: Request, run_id: IdPath) -> RedirectResponse:
 
     def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
         svc.cancel(db=db, run_id=run_id, actor=viewer.principal)
+        return f"/runs/{run_id}"
+
+    return await perform(request, act)
+
+
+@router.post("/runs/{run_id}/labels")
+async def edit_labels(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Set the run's name, notes and tags (comma- or space-separated) from its page."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        fields: dict[str, Any] = {k: form[k] for k in ("name", "notes") if k in form}
+        if "tags" in form:
+            fields["tags"] = [t for t in re.split(r"[\s,]+", form["tags"]) if t]
+        try:
+            change = RunEdit.model_validate(fields)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"])
+            raise MalformedBody(f"{where}: {problem['msg']}") from None
+        labels.edit(db=db, run_id=run_id, change=change, actor=viewer.principal)
         return f"/runs/{run_id}"
 
     return await perform(request, act)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, exists, select
 from sqlalchemy.orm import Session, aliased
 
-from service.persistence.models import Experiment, Run, Verdict, Worker
+from service.persistence.models import Experiment, Run, RunTag, Verdict, Worker
 from service.runs.experiments import reported_image
 from service.verification.verdicts import FamilyHead, family_heads, family_references
 
@@ -34,6 +34,7 @@ class Filters:
     spec: str | None = None
     fingerprint: str | None = None
     spot_check: str | None = None  # the newest spot check's outcome, or "none"
+    tag: str | None = None  # runs with this tag
 
     def query_items(self) -> list[tuple[str, str]]:
         items = [(k, v) for k, v in vars(self).items() if v and not (k == "kind" and v == "train")]
@@ -84,7 +85,10 @@ def filtered(filters: Filters) -> Select[Run, Experiment]:
         if filters.experiment.isdigit():
             query = query.where(Run.experiment_id == int(filters.experiment))
         else:
-            query = query.where(Experiment.name == filters.experiment)
+            # What the filter's label says: the experiment's name contains the text.
+            query = query.where(Experiment.name.icontains(filters.experiment, autoescape=True))
+    if filters.tag:
+        query = query.where(exists().where(RunTag.run_id == Run.id, RunTag.tag == filters.tag))
     if filters.worker:
         ids = select(Worker.id).where(Worker.name == filters.worker)
         query = query.where(Run.worker_id.in_(ids))
@@ -290,4 +294,6 @@ def export_record(row: RunRow) -> dict[str, Any]:
         "family_id": run.family_id,
         "verdict": row.badge.kind,
         "verdict_label": row.badge.label,
+        "name": run.name,
+        "tags": list(run.tags or []),
     }

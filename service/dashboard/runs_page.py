@@ -45,7 +45,7 @@ PollCount = Annotated[int, Query(ge=0, le=MAX_POLLS)]
 EXPORT_FIELDS = [
     "id", "status", "kind", "experiment_id", "experiment", "seed", "spec_hash", "worker",
     "image", "created_at", "started_at", "finished_at", "final_fingerprint", "rerun_of_id",
-    "family_id", "verdict", "verdict_label",
+    "family_id", "verdict", "verdict_label", "name", "tags",
 ]  # fmt: skip
 
 
@@ -58,6 +58,7 @@ def get_filters(
     spec: Digest = "",
     fingerprint: Digest = "",
     spot_check: SpotCheckChoice = "",
+    tag: Annotated[str, Query(max_length=64)] = "",
 ) -> Filters:
     """The filters of the runs page, from its URL."""
     return Filters(
@@ -69,6 +70,7 @@ def get_filters(
         spec=spec or None,
         fingerprint=fingerprint or None,
         spot_check=spot_check or None,
+        tag=tag.strip() or None,
     )
 
 
@@ -237,6 +239,7 @@ def _csv(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
     for i, row in enumerate(rows):
         record = run_rows.export_record(row)
         record["seed"] = " ".join(str(s) for s in record["seed"])
+        record["tags"] = " ".join(record["tags"])
         writer.writerow(record)
         if i % 200 == 199:
             yield buffer.getvalue()

@@ -200,11 +200,28 @@ class Run(Base):
     # "worker": trained by a worker; "by_hand": a script run by hand that recorded itself
     # here (never claimed; its rerun trains on a worker).
     origin: Mapped[str] = mapped_column(String(20), default="worker", server_default="worker")
+    # What people call the run, their notes, and its tags (also one row each in run_tags,
+    # which the runs list filters by); set with PATCH /runs/{id}.
+    name: Mapped[str | None] = mapped_column(String(200))
+    notes: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list[str] | None] = mapped_column(JSON)
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(
         back_populates="run", foreign_keys="Verdict.run_id", uselist=False
     )
+
+
+class RunTag(Base):
+    """One tag of a run, for the runs list's `tag` filter (the run's `tags` list shows them)."""
+
+    __tablename__ = "run_tags"
+    __table_args__ = (Index("ix_run_tags_tag_run_id", "tag", "run_id"),)
+
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("runs.id", name="fk_run_tags_run_id"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
 
 
 class TracePointRow(Base):

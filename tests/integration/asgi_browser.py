@@ -34,6 +34,9 @@ class AsgiBrowser:
     def post(self, url: str, **kwargs: Any) -> httpx.Response:
         return self.request("POST", url, **kwargs)
 
+    def patch(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("PATCH", url, **kwargs)
+
     def login(self, token: str) -> httpx.Response:
         """Fill in the login form with `token`; the answer (a 303 on success)."""
         form_token = hidden_value(self.get("/login").text, "form_token")

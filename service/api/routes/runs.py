@@ -31,10 +31,19 @@ from service.api.views import run_detail, run_out, spot_check_out
 from service.config import Settings
 from service.errors import NotFound
 from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
-from service.runs import by_hand, fair_share
+from service.runs import by_hand, fair_share, labels
 from service.runs import experiments as svc
 from service.runs.events import RunWatcher
-from service.schemas import MAX_ID, RunDetail, RunOut, RunPage, SpotCheckIn, SpotCheckOut
+from service.schemas import (
+    MAX_ID,
+    TAG_PATTERN,
+    RunDetail,
+    RunEdit,
+    RunOut,
+    RunPage,
+    SpotCheckIn,
+    SpotCheckOut,
+)
 from service.verification import spot_checks
 from service.worker_schemas import StorableResult
 
@@ -81,12 +90,13 @@ async def list_runs(
     spot_check: Annotated[
         SpotCheckName | None, Query(description="the newest spot check's outcome; none: never")
     ] = None,
+    tag: Annotated[str | None, Query(pattern=TAG_PATTERN, description="runs with this tag")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
     offset: Offset = 0,
     count: Annotated[bool, Query(description="also count every matching run (`total`)")] = False,
 ) -> Response:
-    """Runs, newest first, filtered by status, experiment and verdict, a page at a time.
+    """Runs, newest first, filtered by status, experiment, verdict and tag, a page at a time.
 
     Trainings by default; `kind=refine` lists the re-traces made by `POST /compare/refine`,
     `kind=spot-check` the segment replays made by `POST /runs/{id}/spot-checks`.
@@ -99,6 +109,7 @@ async def list_runs(
         experiment_id=experiment_id,
         verdict=verdict,
         spot_check=spot_check,
+        tag=tag,
     )
 
     def page(db: Connection) -> Response:
@@ -213,6 +224,24 @@ def run_spot_checks(
 ) -> list[SpotCheckOut]:
     """The run's spot checks, newest first, with their outcomes."""
     return [spot_check_out(c) for c in spot_checks.spot_checks_of(db, run_id, settings)]
+
+
+@router.patch("/{run_id}", response_model=RunDetail, responses=errors(400, 404, 413, 415, 422))
+def edit(
+    run_id: IdPath,
+    change: RunEdit,
+    db: SessionDep,
+    settings: SettingsDep,
+    principal: SubmitAccess,
+) -> Response:
+    """Name a run, write its notes, set or change its tags: only the fields given change
+    (`name`/`notes` null or "" clears; `tags` replaces the set, `add_tags`/`remove_tags`
+    change it). Recorded in the audit log (`run.edit`)."""
+    labels.edit(db=db, run_id=run_id, change=change, actor=principal)
+    found = run_detail(db, run_id, settings=settings)
+    if found is None:  # pragma: no cover - edited just now, and runs are never deleted
+        raise NotFound(f"run {run_id} does not exist")
+    return _json(found)
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409, 422))

@@ -1,0 +1,160 @@
+"""Run names, tags and notes (issue: runs were numbers only), through the ASGI app on real
+SQLite and PostgreSQL: `PATCH /runs/{id}` sets them for submitters and admins and writes
+the audit log; the runs list filters by tag through the API and the dashboard; the run
+page edits them with its form; bad tags and too many are refused saying why."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.app import create_app
+from service.config import Settings
+from service.persistence.migrate import upgrade
+from tests.integration import dashboard_world
+from tests.integration.asgi_browser import AsgiBrowser
+from tests.integration.dashboard_world import World
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    url = "" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    settings = Settings(data_dir=tmp_path / "data", database_url=url)
+    settings.data_dir.mkdir(mode=0o755)
+    upgrade(settings.resolved_database_url)
+    application = create_app(settings)
+    yield application
+    application.state.engine.dispose()
+
+
+@pytest.fixture
+def world(app: Any, tmp_path: Path) -> World:
+    with app.state.sessionmaker() as db:
+        return dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
+
+
+@pytest.fixture
+def browser(app: Any) -> Iterator[AsgiBrowser]:
+    b = AsgiBrowser(app)
+    yield b
+    b.close()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_run_is_named_tagged_and_noted_and_found_by_its_tag(
+    world: World, browser: AsgiBrowser
+) -> None:
+    submitter = bearer(world.submitter_token)
+    url = f"/api/v1/runs/{world.diverged}"
+    answer = browser.patch(
+        url,
+        json={"name": "lr sweep 3", "notes": "odd loss at epoch 2", "tags": ["sweep", "lr"]},
+        headers=submitter,
+    )
+    assert answer.status_code == 200, answer.text
+    run = answer.json()
+    assert (run["name"], run["tags"], run["notes"]) == (
+        "lr sweep 3",
+        ["sweep", "lr"],
+        "odd loss at epoch 2",
+    )
+    # Only what is given changes; tags are added and removed without repeats.
+    changed = browser.patch(
+        url, json={"add_tags": ["lr", "keep"], "remove_tags": ["sweep"]}, headers=submitter
+    ).json()
+    assert changed["tags"] == ["lr", "keep"] and changed["name"] == "lr sweep 3"
+    browser.patch(
+        f"/api/v1/runs/{world.identical}", json={"tags": ["keep"]}, headers=submitter
+    ).raise_for_status()
+
+    listed = browser.get("/api/v1/runs?tag=keep", headers=submitter).json()
+    assert [r["id"] for r in listed["items"]] == [world.diverged, world.identical]
+    assert listed["items"][0]["name"] == "lr sweep 3"
+    assert browser.get("/api/v1/runs?tag=sweep", headers=submitter).json()["items"] == []
+    counted = browser.get("/api/v1/runs?tag=lr&count=true", headers=submitter).json()
+    assert counted["total"] == 1
+
+    cleared = browser.patch(url, json={"name": "", "tags": None}, headers=submitter).json()
+    assert cleared["name"] is None and cleared["tags"] is None
+    assert cleared["notes"] == "odd loss at epoch 2"
+    assert browser.get("/api/v1/runs?tag=lr", headers=submitter).json()["items"] == []
+
+    log = browser.get("/api/v1/audit?action=run.edit", headers=bearer(world.admin_token))
+    assert log.status_code == 200, log.text
+    events = log.json()["items"]
+    assert len(events) == 4 and {e["target_id"] for e in events} == {
+        world.diverged,
+        world.identical,
+    }
+    first = events[-1]
+    assert first["actor"] == "submitter" and first["details"]["name"]["to"] == "lr sweep 3"
+
+
+def test_bad_edits_are_refused_saying_why_and_viewers_may_not_edit(
+    world: World, browser: AsgiBrowser
+) -> None:
+    url = f"/api/v1/runs/{world.reference}"
+    submitter = bearer(world.submitter_token)
+    for body, where in (
+        ({"tags": ["-dash-first"]}, "tags"),
+        ({"tags": ["x" * 65]}, "tags"),
+        ({"add_tags": [f"t{i}" for i in range(33)]}, "add_tags"),
+        ({"name": "n" * 201}, "name"),
+        ({"title": "x"}, "title"),
+    ):
+        refused = browser.patch(url, json=body, headers=submitter)
+        assert refused.status_code == 422, (body, refused.text)
+        assert where in refused.text
+    browser.patch(url, json={"tags": [f"t{i}" for i in range(30)]}, headers=submitter)
+    too_many = browser.patch(url, json={"add_tags": ["a", "b", "c"]}, headers=submitter)
+    assert too_many.status_code == 422 and "at most 32 tags" in too_many.text
+    viewer = browser.patch(url, json={"name": "mine"}, headers=bearer(world.viewer_token))
+    assert viewer.status_code == 403
+    missing = browser.patch("/api/v1/runs/99999", json={"name": "x"}, headers=submitter)
+    assert missing.status_code == 404
+
+
+def logged_in(browser: AsgiBrowser, token: str) -> AsgiBrowser:
+    answer = browser.login(token)
+    assert answer.status_code == 303, answer.text
+    return browser
+
+
+def test_the_run_page_edits_labels_and_the_runs_list_filters_and_exports_them(
+    world: World, browser: AsgiBrowser
+) -> None:
+    logged_in(browser, world.submitter_token)
+    page = f"/runs/{world.reference}"
+    csrf = browser.csrf(page)
+    saved = browser.post(
+        f"{page}/labels",
+        data={"csrf": csrf, "name": "baseline", "tags": "gold, v1 v1", "notes": "first"},
+    )
+    assert saved.status_code == 303 and saved.headers["location"] == page
+    shown = browser.get(page).text
+    assert '<span class="run-name">baseline</span>' in shown
+    assert 'href="/?tag=gold"' in shown and ">v1</a>" in shown and "first" in shown
+
+    refused = browser.post(f"{page}/labels", data={"csrf": csrf, "tags": "ok, !bad"})
+    assert refused.status_code == 400 and "tags" in refused.text
+
+    listed = browser.get("/?tag=gold").text
+    assert f'href="/runs/{world.reference}"' in listed
+    assert f'href="/runs/{world.diverged}"' not in listed
+    exported = browser.get("/runs/export.csv?tag=gold").text
+    rows = list(csv.DictReader(io.StringIO(exported)))
+    assert [(r["id"], r["name"], r["tags"]) for r in rows] == [
+        (str(world.reference), "baseline", "gold v1")
+    ]
+    # The experiment filter says "name contains", and does so.
+    name = dashboard_world.HOSTILE
+    part = browser.get("/", params={"experiment": name[2:8]}).text
+    assert f'href="/runs/{world.reference}"' in part
