@@ -17,6 +17,7 @@ from service.cli.output import (
     TokenFileOption,
     TokenOption,
     err,
+    human_size,
     repro_client,
 )
 
@@ -79,7 +80,7 @@ def list_(
 
 
 def _cells(b: stored.Answer) -> list[str]:
-    return [b["name"], str(b["size"]), _entry_points(b), b["pushed_by"], b["created_at"]]
+    return [b["name"], human_size(b["size"]), _entry_points(b), b["pushed_by"], b["created_at"]]
 
 
 @code_app.command("show", cls=Command)
@@ -99,7 +100,7 @@ def _lines(record: stored.Answer) -> list[str]:
     files = [f"file        {f['path']}  sha256:{f['sha256']}" for f in record["files"]]
     return [
         f"digest      {record['digest']}",
-        f"name        {record['name']} ({record['wheel_filename']}, {record['size']} bytes)",
+        f"name        {record['name']} ({record['wheel_filename']}, {human_size(record['size'])})",
         f"components  {_entry_points(record)}",
         *files,
         f"pushed by   {record['pushed_by']} at {record['created_at']}",

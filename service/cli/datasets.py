@@ -16,6 +16,7 @@ from service.cli.output import (
     JsonFlag,
     TokenFileOption,
     TokenOption,
+    human_size,
     repro_client,
 )
 
@@ -76,7 +77,7 @@ def _cells(d: stored.Answer) -> list[str]:
     return [
         d["name"],
         str(d["samples"]),
-        str(d["size"]),
+        human_size(d["size"]),
         _arrays(d),
         d["pushed_by"],
         d["created_at"],
@@ -101,7 +102,7 @@ def _lines(record: stored.Answer) -> list[str]:
     return [
         f"digest     {record['digest']}",
         f"name       {record['name']}",
-        f"format     {record['format']}, {record['size']} bytes",
+        f"format     {record['format']}, {human_size(record['size'])} ({record['size']} bytes)",
         f"samples    {record['samples']}",
         *arrays,
         f"pushed by  {record['pushed_by']} at {record['created_at']}",

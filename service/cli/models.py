@@ -16,6 +16,7 @@ from service.cli.output import (
     JsonFlag,
     TokenFileOption,
     TokenOption,
+    human_size,
     repro_client,
 )
 
@@ -98,7 +99,7 @@ def _lines(record: stored.Answer) -> list[str]:
     return [
         f"digest      {record['digest']}",
         f"name        {record['name']}",
-        f"format      {record['format']}, {record['size']} bytes",
+        f"format      {record['format']}, {human_size(record['size'])} ({record['size']} bytes)",
         f"parameters  {record['parameter_count']} in {record['layer_count']} layers",
         *layers,
         f"pushed by   {record['pushed_by']} at {record['created_at']}",

@@ -7,6 +7,7 @@ pydantic and no settings at module level: `repro --help` should not wait for the
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -88,8 +89,40 @@ def _hide_flag_types(params: list[Parameter]) -> list[Parameter]:
     return params
 
 
+def human_size(size: int) -> str:
+    """Bytes for people: "512 B", "3.4 KiB", "1.2 MiB", "2.0 GiB"."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reflow(text: str) -> str:
+    """A docstring's paragraphs, each on one line: the help wraps them to the terminal
+    instead of keeping the source's line breaks mid-sentence. A line that starts a list
+    item ("- ") stays a line of its own."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.lstrip().startswith("- "):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 class Command(TyperCommand):
-    """A command whose help shows flags, `--help` included, without a value type."""
+    """A command whose help shows flags, `--help` included, without a value type, and its
+    docstring's paragraphs reflowed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = reflow(self.help)
 
     def get_params(self, ctx: Context) -> list[Parameter]:
         return _hide_flag_types(super().get_params(ctx))
@@ -97,6 +130,11 @@ class Command(TyperCommand):
 
 class Group(TyperGroup):
     """A command group whose help shows flags, `--help` included, without a value type."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = reflow(self.help)
 
     def get_params(self, ctx: Context) -> list[Parameter]:
         return _hide_flag_types(super().get_params(ctx))
@@ -213,6 +251,7 @@ class TrainingBar:
         self._quiet = quiet
         self._lines = not err.is_terminal
         self._said: str | None = None
+        self._epochs_said = 0  # the last epoch a log was told had ended
         self._progress = Progress(
             TextColumn(f"{label} [progress.description]{{task.description}}"),
             BarColumn(),
@@ -282,10 +321,14 @@ class TrainingBar:
             completed=done,
             description=f"epoch {min(done + 1, epochs)}/{epochs}{loss}",
         )
-        # A log gets one line per finished epoch, not one per report.
+        # A log gets one line per finished epoch, not one per report; epochs that ended
+        # between two reports get theirs too (their metrics come with the run's end).
+        for skipped in range(self._epochs_said + 1, done):
+            self._say(f"epoch {skipped}/{epochs} done", key=f"epoch {skipped}")
         metrics = metrics_line(event) if kind == "epoch_end" else ""
         said = f"epoch {done}/{epochs} done  {metrics}".rstrip() if done else "training"
         self._say(said, key=f"epoch {done}")
+        self._epochs_said = max(self._epochs_said, done)
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -322,6 +365,9 @@ def print_table(
         shown = unique_prefixes(values, shortest=shortest)
         table = make(shown)
         _give_way(table, column, keep=max((len(v) for v in shown), default=0))
+    if not out.is_terminal:
+        # Into a pipe or a file: plain columns for grep, awk and cut, not box drawing.
+        table.box, table.show_edge, table.pad_edge = None, False, False
     out.print(table)
 
 

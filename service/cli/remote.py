@@ -50,7 +50,9 @@ def _wait(client: Client, run_id: int, *, quiet: bool, timeout: float | None) ->
 
         def on_progress(run: Run) -> None:
             where = f"{run.status} (attempt {run.attempt})"
-            progress = run.progress
+            if run.status == "queued" and run.waiting_reason:
+                where = f"queued: {run.waiting_reason}"
+            progress = run.progress.model_dump() if run.progress is not None else None
             if epochs is None:
                 bar.show(progress, otherwise=where)
                 return
@@ -291,19 +293,58 @@ def status(
                 "finished_at",
             ):
                 typer.echo(f"{key:18} {detail.get(key)}")
+            if detail.get("waiting_reason"):
+                typer.echo(f"{'waiting':18} {detail['waiting_reason']}")
+            for key in ("name", "tags", "notes"):
+                if detail.get(key):
+                    shown = ", ".join(detail[key]) if key == "tags" else detail[key]
+                    typer.echo(f"{key:18} {shown}")
             if detail.get("verdict_report"):
                 typer.echo(f"{'report':18} {describe(detail['verdict_report'])}")
             return
         page = _runs(client, limit)
     except ApiError as exc:
         raise api_error_exit(exc) from None
+    _print_runs(page, as_json=as_json)
+
+
+def runs(
+    status: Annotated[
+        str | None, typer.Option(help="queued, running, succeeded, failed or cancelled")
+    ] = None,
+    experiment: Annotated[int | None, typer.Option(help="one experiment's runs")] = None,
+    verdict: Annotated[
+        str | None, typer.Option(help="identical, diverged, incomparable or pending")
+    ] = None,
+    tag: Annotated[str | None, typer.Option(help="runs with this tag")] = None,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    limit: Annotated[
+        int, typer.Option(min=0, help="runs to list, newest first; 0: every run")
+    ] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """List runs, newest first, filtered by status, experiment or verdict."""
+    from reprotrain import ApiError
+
+    client = repro_client(api, token, token_file)
+    filters = {"status": status, "experiment_id": experiment, "verdict": verdict, "tag": tag}
+    try:
+        page = _runs(client, limit, **filters)
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    _print_runs(page, as_json=as_json)
+
+
+def _print_runs(page: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         emit_json(page)
         return
     from rich.table import Table
 
     def make(fingerprints: list[str]) -> Table:
-        table = Table("run", "experiment", "status", "attempt", "verdict", "fingerprint")
+        table = Table("run", "experiment", "status", "attempt", "verdict", "fingerprint", "name")
         for r, fingerprint in zip(page["items"], fingerprints, strict=True):
             table.add_row(
                 str(r["id"]),
@@ -312,6 +353,7 @@ def status(
                 str(r["attempt"]),
                 r["verdict"] or ("reference" if r["is_reference"] else ""),
                 fingerprint,
+                _label(r),
             )
         return table
 
@@ -321,14 +363,14 @@ def status(
     err.print(f"{len(page['items'])} runs{more}", highlight=False)
 
 
-def _runs(client: Client, limit: int) -> dict[str, Any]:
+def _runs(client: Client, limit: int, **filters: Any) -> dict[str, Any]:
     """Up to `limit` runs (0: all), newest first, following the server's page cursors:
     {"items": [...], "next_cursor": where to go on, or None}."""
     items: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
         want = _PAGE if limit == 0 else min(_PAGE, limit - len(items))
-        page = client.runs_page(limit=want, cursor=cursor)
+        page = client.runs_page(limit=want, cursor=cursor, **filters)
         items += [run.raw for run in page.items]
         cursor = page.next_cursor
         if cursor is None or (limit and len(items) >= limit):
@@ -507,7 +549,84 @@ def _show_audit(
     return 0 if doc["agree"] else 1
 
 
+def edit(
+    run_id: int,
+    name: Annotated[str | None, typer.Option(help='the run\'s name ("" clears it)')] = None,
+    notes: Annotated[str | None, typer.Option(help='notes on the run ("" clears them)')] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="add a tag (repeatable)")] = None,
+    untag: Annotated[
+        list[str] | None, typer.Option("--untag", help="remove a tag (repeatable)")
+    ] = None,
+    clear_tags: Annotated[
+        bool, typer.Option("--clear-tags", help="remove every tag first")
+    ] = False,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Name a run, write notes on it, add or remove tags; shows it in the runs list and on
+    its page, and `repro runs --tag T` finds it. Recorded in the audit log."""
+    from reprotrain import ApiError
+
+    changes: dict[str, Any] = {"add_tags": tag or [], "remove_tags": untag or []}
+    if name is not None:
+        changes["name"] = name
+    if notes is not None:
+        changes["notes"] = notes
+    if clear_tags:
+        changes["tags"] = []
+    if len(changes) == 2 and not tag and not untag:
+        err.print(
+            "[red]nothing to change:[/red] give --name, --notes, --tag, --untag or --clear-tags"
+        )
+        raise typer.Exit(2)
+    client = repro_client(api, token, token_file)
+    try:
+        run = client.edit_run(run_id, **changes)
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    if as_json:
+        emit_json(run.raw)
+        return
+    typer.echo(f"run {run.id}  {_label(run.raw) or '(no name or tags)'}")
+
+
+def _label(run: dict[str, Any]) -> str:
+    """A run's name and tags as one cell: `name [tag, tag]`."""
+    tags = f"[{', '.join(run['tags'])}]" if run.get("tags") else ""
+    return " ".join(part for part in (run.get("name") or "", tags) if part)
+
+
+def cancel(
+    run_ids: Annotated[list[int], typer.Argument(help="the runs to cancel")],
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel queued or running runs (a running job stops at its next report); a run that
+    has already ended is left as it is, saying so. Exit 1 if any could not be cancelled."""
+    from reprotrain import ApiError
+
+    client = repro_client(api, token, token_file)
+    done, failed = [], 0
+    for run_id in run_ids:
+        try:
+            run = client.cancel(run_id)
+        except ApiError as exc:
+            failed += 1
+            err.print(f"[red]run {run_id}:[/red] {exc}", highlight=False)
+            continue
+        done.append(run.raw)
+        if not as_json:
+            typer.echo(f"run {run.id} {run.status}")
+    if as_json:
+        emit_json(done)
+    raise typer.Exit(1 if failed else 0)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    for command in (submit, rerun, status, compare, audit_copies):
+    for command in (submit, rerun, status, runs, edit, cancel, compare, audit_copies):
         app.command(cls=Command)(command)

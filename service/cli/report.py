@@ -58,13 +58,17 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
                 _cell(d.get("relative_norm")),
                 _cell(d.get("max_ulp")),
                 f"{_cell(d.get('elements_differing'))}/{_cell(d.get('elements'))}",
+                d.get("note") or "",  # why a size is "-": shapes or dtypes differ...
             ]
             for d in report["differences"][:_SHOWN_ROWS]
         ]
         measured = report.get("differences_measured_at")
         if rows and measured:
             lines += ["", f"differences at the {measured['label']}:"]
-            lines += text_table(["variable", "max |Δ|", "rel. norm", "max ULP", "differing"], rows)
+            header = ["variable", "max |Δ|", "rel. norm", "max ULP", "differing", "note"]
+            if not any(row[-1] for row in rows):
+                header, rows = header[:-1], [row[:-1] for row in rows]
+            lines += text_table(header, rows)
         elif report["variables"]:
             lines += ["", "differing variables: " + ", ".join(report["variables"][:_SHOWN_ROWS])]
         if report.get("differences_note"):

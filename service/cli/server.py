@@ -153,7 +153,13 @@ def _demo(api: str, token: str, spec: Path) -> None:
     report = done.raw.get("verdict_report")
     line = describe(report) if report else f"no verdict ({done.status})"
     typer.echo(f"demo: run {rerun.id} rerun of run {first.id}: verdict {line}", err=False)
-    err.print(f"[bold]demo:[/bold] see {api}/api/v1/runs/{rerun.id}  (Ctrl-C to stop)")
+    # The dashboard's page of the pair (a person's browser; the API's JSON would answer 401).
+    err.print(
+        f"[bold]demo:[/bold] see {api}/compare?a={first.id}&b={rerun.id} in the dashboard "
+        "(log in with the link above, or with the admin token)  (Ctrl-C to stop)",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 def _bootstrap_tokens(settings: Settings, *, with_worker: bool) -> tuple[str | None, str | None]:
@@ -499,10 +505,19 @@ def _run_worker(api: str, token: str | None, *, enroll: bool, **options: Any) ->
         err.print(f"[red]cannot start the worker:[/red] {exc}")
         raise typer.Exit(2) from None
     except ApiError as exc:
-        if not (enroll and exc.status_code == 401):
+        if enroll and exc.status_code == 401:
+            hint = refused_hint(options.get("work_dir") or default_work_dir())
+        elif exc.status_code in (401, 403):
+            sent = "its token was refused" if token else "no token was given"
+            hint = (
+                f"the API at {api} refused the worker ({exc}): {sent}. A worker needs a "
+                "worker token in --token-file FILE or REPRO_TOKEN (an admin makes one with "
+                "`repro token create --role worker --name NAME`), or --enroll with an "
+                "enrollment token."
+            )
+        else:
             raise
-        hint = refused_hint(options.get("work_dir") or default_work_dir())
-        err.print(f"[red]cannot start the worker:[/red] {hint}")
+        err.print(f"[red]cannot start the worker:[/red] {hint}", highlight=False)
         raise typer.Exit(2) from None
 
 

@@ -319,6 +319,13 @@ def _explain(
             "about a dishonest worker. Spot-check again without allow_trainer to have other "
             "workers replay it."
         )
+    if k >= total:
+        return (
+            f"All {total} of the run's segments replayed bit for bit from its checkpoints, "
+            "each on a worker of another identity (worker token) than the one that trained "
+            "it: every segment was checked, so any one not honestly trained would have been "
+            "caught."
+        )
     return (
         f"All {sample} replayed bit for bit from the run's checkpoints, each on a worker of "
         f"another identity (worker token) than the one that trained it. Had a tenth of the "

@@ -35,7 +35,7 @@ def test_first_start_prints_identical_verdict_then_keeps_serving(tmp_path: Path)
         ],
         env=job_env(),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
         text=True,
     ) as proc:
         stdout = proc.stdout
@@ -51,13 +51,18 @@ def test_first_start_prints_identical_verdict_then_keeps_serving(tmp_path: Path)
         threading.Thread(target=read, daemon=True).start()
         deadline = time.monotonic() + 300
         verdict_line = ""
-        while "verdict" not in verdict_line:
+        while not ("rerun of run" in verdict_line and "verdict" in verdict_line):
             try:
                 verdict_line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
             except queue.Empty:
                 proc.kill()
                 pytest.fail("no verdict line within 300 s of the first start")
         assert "rerun of run 1: verdict identical  blake3:" in verdict_line, verdict_line
+        # Its last line sends a person to the dashboard's page of the pair, not to JSON.
+        see = ""
+        while "demo: see" not in see:
+            see = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+        assert f"http://127.0.0.1:{port}/compare?a=1&b=2 in the dashboard" in see, see
         # Still serving after the demo: the API answers and shows the two runs.
         token = (tmp_path / "data" / "admin-token").read_text().strip()
         assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600

@@ -142,3 +142,11 @@ def test_dataset_list_on_a_narrow_terminal_tells_digests_apart_and_prints_them_w
         code, wide = on_terminal("dataset", "list", *api, columns=250, cwd=tmp_path)
         assert code == 0, wide
         assert sorted(_digest_cells(wide)) == sorted(digests), wide
+
+        # Into a pipe: plain columns (no box drawing), whole digests, sizes for people.
+        piped = repro("dataset", "list", *api, cwd=tmp_path)
+        assert piped.returncode == 0, piped.stderr
+        assert not set("│┃━─╭╰") & set(piped.stdout), piped.stdout
+        rows = [line.split() for line in piped.stdout.splitlines()[1:] if line.strip()]
+        assert sorted(row[0] for row in rows) == sorted(digests), piped.stdout
+        assert all(" KiB " in line for line in piped.stdout.splitlines()[1:]), piped.stdout

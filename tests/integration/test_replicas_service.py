@@ -84,6 +84,17 @@ def test_a_run_needing_more_devices_than_any_live_worker_waits_and_says_why(
             in (waiting["waiting_reason"])
         )
         assert svc.client.get(f"/api/v1/runs/{done['id']}").json()["waiting_reason"] is None
+        # `repro status` and `--wait` say why a run waits (once only `--json` did).
+        api = ("--api", svc.url, "--token", svc.admin_token)
+        shown = repro("status", str(four_id), *api)
+        assert "waiting" in shown.stdout and "needs 4 replicas" in shown.stdout, shown.stdout
+        again = tmp_path / "needs-four-again.json"
+        again.write_text(json.dumps(_tiny(4, "needs-four-again")))
+        waited = repro("submit", str(again), "--wait", "--timeout", "10", *api)
+        assert waited.returncode == 1 and "gave up waiting" in waited.stderr
+        assert "queued: needs 4 replicas" in waited.stderr, waited.stderr
+        again_id = int(waited.stdout.split("run ")[1].split()[0])
+        assert svc.client.post(f"/api/v1/runs/{again_id}/cancel").status_code == 200
 
         # Past the operator's maximum (REPRO_MAX_REPLICAS) or the spec's: refused at submit.
         for replicas, needle in ((16, "exceeds this server's limit of 8"), (65, "64")):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from service.cli.output import unique_prefixes
 from tests.cli_runner import repro
 from tests.integration.jobs import REPO, blobs_spec, write_spec
@@ -61,3 +63,20 @@ def test_unique_prefixes_tell_apart_what_is_shown() -> None:
     assert unique_prefixes([a, b], shortest=19) == [a[:20] + "…", b[:20] + "…"]
     assert unique_prefixes([a, a], shortest=19) == [a[:19] + "…"] * 2
     assert unique_prefixes(["short"], shortest=19) == ["short"]
+
+
+def test_a_log_gets_every_epoch_even_when_reports_skip_some(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A worker reports its latest event about once a second: a fast run's reports may go
+    from epoch 1 to its end. Into a pipe, `--wait` once printed epochs 1 and 4 of 4."""
+    from service.cli import output
+
+    bar = output.TrainingBar("run 3", quiet=False, initial="queued", total=4)
+    bar._lines = True  # as into a pipe
+    with bar:
+        bar.show_epochs({"event": "epoch_end", "epoch": 1, "loss": 0.5}, 4, otherwise="x")
+        bar.show_epochs({"event": "epoch_end", "epoch": 4, "loss": 0.2}, 4, otherwise="x")
+    said = [line for line in capsys.readouterr().err.splitlines() if "done" in line]
+    assert [line.split()[3] for line in said] == ["1/4", "2/4", "3/4", "4/4"], said
+    assert "loss 0.5" in said[0] and "loss 0.2" in said[3]

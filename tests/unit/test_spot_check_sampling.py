@@ -70,3 +70,14 @@ def test_retention_policies() -> None:
     assert kept_positions(7, "every:3") == {2, 5, 6}  # epochs 3, 6 and the last
     assert kept_positions(7, "every:1") == set(range(7))
     assert kept_positions(0, "final") == set()
+
+
+def test_a_check_of_every_segment_is_certain_not_at_least_a_chance() -> None:
+    """Replaying all segments once still said "a chance of at least 41%"."""
+    from service.verification.spot_check_reports import _explain
+
+    rows = [{"same_worker": False} for _ in range(5)]
+    every = _explain("identical", rows, None, [], [], total=5)
+    assert "every segment was checked" in every and "chance" not in every
+    some = _explain("identical", rows[:2], None, [], [], total=5)
+    assert "2 of the run's 5 segments" in some and "chance of at least 19%" in some
