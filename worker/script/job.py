@@ -234,10 +234,29 @@ def _the_record(runs_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def _ended_by(error: Any, code: int) -> str:
+    """Why the script failed, in one line: the exception that ended it, if it recorded one,
+    with what to do about a package its environment lacks."""
+    if not isinstance(error, dict) or not error.get("type"):
+        return f"the script exited with code {code}: see the job's log"
+    said = f"the script raised {error['type']}: {error.get('message', '')}"
+    if error["type"] == "ModuleNotFoundError":
+        said += (
+            " (the worker's environment lacks it: in a container, build a derived worker "
+            "image with it, docker/build.sh user --requirements FILE, and pin the run to it)"
+        )
+    return said
+
+
 def _take_record(
     result: JobResult, record: dict[str, Any] | None, *, code: int, signalled: bool
 ) -> None:
     """Copy the script's record into the result, and judge how the script ended."""
+    if record is None and code != 0 and not signalled:
+        raise RuntimeError(
+            f"the script exited with code {code} before reprotrain.init() recorded anything "
+            "(an error at its top, before init?): see the job's log"
+        )
     if record is None:
         how = f"exited with code {code}" if code else "ended"
         raise RuntimeError(
@@ -267,7 +286,7 @@ def _take_record(
         result.interrupted_after_epoch = max(epochs) if epochs else None
         return
     if code != 0:
-        raise RuntimeError(f"the script exited with code {code}: see the job's log")
+        raise RuntimeError(_ended_by(record.get("error"), code))
     if record.get("status") == "failed":
         raise RuntimeError("the script failed: an uncaught exception ended it")
     if not trace or trace[-1].kind != "epoch":

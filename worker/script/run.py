@@ -280,6 +280,9 @@ class ScriptRun:
 
         def note_failure(*exc_info: Any) -> None:
             self._failed = True
+            kind, value = exc_info[0], exc_info[1]
+            # What ended the script, for the run's error (its traceback is in the log).
+            self._record["error"] = {"type": kind.__name__, "message": str(value)[:2000]}
             previous(*exc_info)
 
         sys.excepthook = note_failure
