@@ -248,3 +248,39 @@ def test_the_command_line_table_says_why_a_size_is_missing() -> None:
     lines = report_lines(build_report(a, b))
     row = next(line for line in lines if line.lstrip().startswith(VARS[0]))
     assert "different dtype/shape: float32[3] vs float32[4]" in row, lines
+
+
+def test_runs_of_different_models_are_incomparable_not_diverged() -> None:
+    """An N-way compare of unrelated experiments said `diverged` for each pair."""
+    from worker.compare.verdict import verdict_of
+
+    def renamed(trace: Sequence[TracePoint]) -> list[TracePoint]:
+        out = []
+        for p in trace:
+            variables = {f"model/conv/{k.split('/')[-1]}": v for k, v in p.variables.items()}
+            variables["model/conv/extra"] = "ab" * 32
+            out.append(
+                TracePoint(
+                    kind=p.kind,
+                    epoch=p.epoch,
+                    step=p.step,
+                    fingerprint=combine(variables.items()),
+                    variables=variables,
+                )
+            )
+        return out
+
+    cnn_spec = {**_spec(), "model": {"architecture": "cnn"}}
+    a = _record(_trace(3), _spec())
+    b = _record(renamed(_trace(3)), cnn_spec, spec_hash="sha256:cnn")
+    verdict, reason = verdict_of(a, b)
+    assert verdict == "incomparable"
+    assert (
+        reason == "they train different models (2 variables only in run, 3 only in run, 0 in both)"
+    )
+    report = build_report(a, b)
+    assert report["verdict"] == "incomparable" and report["spec_diff"]
+    assert "different models" in report["explanation"]
+    # Other shapes of the same variables (a wider layer) stay a divergence.
+    wider = _record(_trace(3, diverge_at=0), {**_spec(), "model": {"hidden": [24]}}, spec_hash="w")
+    assert verdict_of(a, wider)[0] == "diverged"

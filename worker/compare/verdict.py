@@ -92,6 +92,24 @@ def _incomparable_reason(a: RunRecord, b: RunRecord) -> str | None:
     return None
 
 
+def _different_models(a: RunRecord, b: RunRecord, located: Located) -> str | None:
+    """Why runs of different specs train different models, if they do: their first common
+    trace point names other variables (not merely other shapes). Such runs are unrelated
+    experiments, not a divergence. None when they share every name, or a trace point
+    carries no variable names to tell. Runs of one spec never read any."""
+    if a.spec_hash == b.spec_hash or not located.common:
+        return None
+    pa, pb = located.common[0]
+    names_a, names_b = set(_variables(a, pa)), set(_variables(b, pb))
+    if not names_a or not names_b or names_a == names_b:
+        return None
+    only_a, only_b = len(names_a - names_b), len(names_b - names_a)
+    return (
+        f"they train different models ({only_a} variable{'s' if only_a != 1 else ''} only in "
+        f"{a.label}, {only_b} only in {b.label}, {len(names_a & names_b)} in both)"
+    )
+
+
 def _variables(record: RunRecord, point: TracePoint) -> Mapping[str, str]:
     return record.variables_at(point) if record.variables_at is not None else point.variables
 
@@ -150,13 +168,17 @@ def _cause(
 
 def verdict_of(a: RunRecord, b: RunRecord) -> tuple[str, str]:
     """The verdict `build_report` gives, with a short reason, from statuses, specs, trace
-    fingerprints and final fingerprints alone: no per-variable digest or checkpoint is read."""
+    fingerprints and final fingerprints; runs of different specs also have the variable
+    names of their first common trace point read (no checkpoint is)."""
     reason = _incomparable_reason(a, b)
     if reason is not None:
         return "incomparable", reason
     located = locate_divergence(a.trace, b.trace)
     if not located.common:
         return "incomparable", "the runs have no trace point in common"
+    unrelated = _different_models(a, b, located)
+    if unrelated is not None:
+        return "incomparable", unrelated
     if located.first is not None:
         return "diverged", f"diverged at {located.common[located.first][0].label()}"
     if (
@@ -189,6 +211,9 @@ def _build_report(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     if not located.common:
         extra = {"spec_diff": spec_diff}
         return _incomparable("the runs have no trace point in common", a, b, extra)
+    unrelated = _different_models(a, b, located)
+    if unrelated is not None:
+        return _incomparable(unrelated, a, b, {"spec_diff": spec_diff})
     provenance = classify_provenance(diff_provenance(a.provenance, b.provenance))
     shared_data = [e for e in a.data if e in b.data] if across else list(a.data)
     differing_data = sorted(e for e in shared_data if b.data.get(e) != a.data[e])
