@@ -50,9 +50,13 @@ def test_doctor_reports_this_machine_and_exits_1_when_something_is_flagged() -> 
     flagged = repro("doctor", "--json", env={**STEADY, "TF_DETERMINISTIC_OPS": "0"})
     assert flagged.returncode == 1, flagged.stderr
     assert [f["check"] for f in _report(flagged.stdout)["flags"]] == ["op_determinism"]
+    # Thread counts left to the machine are every example's case: a note with what to do,
+    # not a failure (doctor once exited 1 out of the box for them, with no hint).
     unpinned = repro("doctor", env={**STEADY, "OMP_NUM_THREADS": ""})
-    assert unpinned.returncode == 1
-    assert "FLAG threads: thread counts left to the machine (OMP_NUM_THREADS" in unpinned.stdout
+    assert unpinned.returncode == 0, unpinned.stdout
+    assert "nothing flagged" in unpinned.stdout
+    assert "NOTE threads: thread counts left to the machine (OMP_NUM_THREADS" in unpinned.stdout
+    assert "intra_op_threads: 1" in unpinned.stdout and "OMP_NUM_THREADS=1" in unpinned.stdout
 
 
 @pytest.fixture(scope="module")

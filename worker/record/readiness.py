@@ -105,7 +105,29 @@ def check(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "probe_errors": errors,
     }
     report["flags"] = flags(report)
+    report["notes"] = notes(report)
     return report
+
+
+def notes(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Advice that is not a threat on this machine: [{"check", "message"}]. Thread counts
+    left to the machine are the usual case (every example spec leaves them): a job pins the
+    counts its spec names, so a rerun on the same machine type is identical either way."""
+    threads = report.get("threads") or {}
+    unset = [name for name in _THREAD_VARIABLES if not threads.get(name)]
+    if not unset:
+        return []
+    return [
+        {
+            "check": "threads",
+            "message": f"thread counts left to the machine ({', '.join(unset)} unset): reruns "
+            "on this machine type are identical, but a spec without "
+            "determinism.intra_op_threads and inter_op_threads reduces in another order on "
+            "another CPU count. To compare across machines, set both in the spec (e.g. "
+            "determinism: {intra_op_threads: 1, inter_op_threads: 1}); for scripts run "
+            "outside a job, export " + ", ".join(f"{n}=1" for n in unset),
+        }
+    ]
 
 
 def flags(report: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -122,15 +144,6 @@ def flags(report: Mapping[str, Any]) -> list[dict[str, str]]:
             "op_determinism",
             f"TF_DETERMINISTIC_OPS={deterministic}: op determinism is off for anything not "
             "started by `python -m worker.run` (which sets it from the spec)",
-        )
-    threads = report.get("threads") or {}
-    unset = [name for name in _THREAD_VARIABLES if not threads.get(name)]
-    if unset:
-        flag(
-            "threads",
-            f"thread counts left to the machine ({', '.join(unset)} unset): a spec without "
-            "determinism.intra_op_threads and inter_op_threads reduces in another order on "
-            "another CPU count",
         )
     tf32 = report.get("tf32") or {}
     if tf32.get("enabled") and tf32.get("applies") and tf32.get("NVIDIA_TF32_OVERRIDE") != "0":
@@ -217,6 +230,7 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     found = report.get("flags") or []
     lines.append("" if found else "nothing flagged")
     lines += [f"FLAG {f['check']}: {f['message']}" for f in found]
+    lines += [f"NOTE {n['check']}: {n['message']}" for n in report.get("notes") or []]
     return lines
 
 
