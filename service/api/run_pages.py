@@ -33,6 +33,7 @@ from sqlalchemy.orm import aliased
 from service.api.views import out_columns
 from service.persistence.models import Run, RunTag, Verdict
 from service.persistence.sql_datetimes import utc_iso
+from service.runs import search
 from service.schemas import MAX_ID, RunOut, RunPage
 from service.verification.verdicts import is_reference
 
@@ -74,6 +75,7 @@ class RunFilters:
     verdict: str | None = None  # identical, diverged, incomparable, reference or none
     spot_check: str | None = None  # pending, verified, failed, error or none
     tag: str | None = None  # runs with this tag (through run_tags' (tag, run_id) index)
+    search: str | None = None  # `params.x = 1 and metrics.y > 0.9` (service.runs.search)
 
 
 def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Select[Any]:
@@ -215,6 +217,9 @@ def list_runs(
         filters.spot_check,
         filters.tag is not None,
     )
+    searched = search.conditions(search.parse(filters.search)) if filters.search else []
+    if searched:
+        query = query.where(*searched)
     values: dict[str, Any] = {"kind": filters.kind, "offset": offset, "limit": limit + 1}
     if filters.tag is not None:
         values["tag"] = filters.tag
@@ -232,7 +237,7 @@ def list_runs(
     rows = rows[:limit]
     total = None
     if count:
-        matching = _filtered(select(Run.id), filters, verdicts=False).subquery()
+        matching = _filtered(select(Run.id), filters, verdicts=False).where(*searched).subquery()
         total = db.scalar(select(func.count()).select_from(matching))
     return {
         "items": rows,

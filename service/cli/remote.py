@@ -317,6 +317,15 @@ def runs(
         str | None, typer.Option(help="identical, diverged, incomparable or pending")
     ] = None,
     tag: Annotated[str | None, typer.Option(help="runs with this tag")] = None,
+    search: Annotated[
+        str | None,
+        typer.Option(
+            "--search",
+            "-s",
+            help="e.g. 'params.training.epochs = 4 and metrics.accuracy > 0.9' (README: "
+            "Searching runs)",
+        ),
+    ] = None,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
@@ -329,7 +338,13 @@ def runs(
     from reprotrain import ApiError
 
     client = repro_client(api, token, token_file)
-    filters = {"status": status, "experiment_id": experiment, "verdict": verdict, "tag": tag}
+    filters = {
+        "status": status,
+        "experiment_id": experiment,
+        "verdict": verdict,
+        "tag": tag,
+        "search": search,
+    }
     try:
         page = _runs(client, limit, **filters)
     except ApiError as exc:

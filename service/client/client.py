@@ -266,15 +266,18 @@ class Client:
         experiment_id: int | None = None,
         verdict: str | None = None,
         tag: str | None = None,
+        search: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
-        """One page of runs, newest first; pass its `next_cursor` back for the next."""
+        """One page of runs, newest first; pass its `next_cursor` back for the next.
+        `search`: `params.PATH = 0.003 and metrics.accuracy > 0.9` (see the README)."""
         filters = {
             "status": status,
             "experiment_id": experiment_id,
             "verdict": verdict,
             "tag": tag,
+            "search": search,
         }
         params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
         params["limit"] = limit
@@ -290,6 +293,7 @@ class Client:
         experiment_id: int | None = None,
         verdict: str | None = None,
         tag: str | None = None,
+        search: str | None = None,
         limit: int | None = None,
         page_size: int = 100,
     ) -> Iterator[Run]:
@@ -303,6 +307,7 @@ class Client:
                 experiment_id=experiment_id,
                 verdict=verdict,
                 tag=tag,
+                search=search,
                 limit=want,
                 cursor=cursor,
             )

@@ -16,6 +16,7 @@ from sqlalchemy import Select, exists, select
 from sqlalchemy.orm import Session, aliased
 
 from service.persistence.models import Experiment, Run, RunTag, Verdict, Worker
+from service.runs import search
 from service.runs.experiments import reported_image
 from service.verification.verdicts import FamilyHead, family_heads, family_references
 
@@ -35,6 +36,7 @@ class Filters:
     fingerprint: str | None = None
     spot_check: str | None = None  # the newest spot check's outcome, or "none"
     tag: str | None = None  # runs with this tag
+    search: str | None = None  # `params.x = 1 and metrics.y > 0.9` (service.runs.search)
 
     def query_items(self) -> list[tuple[str, str]]:
         items = [(k, v) for k, v in vars(self).items() if v and not (k == "kind" and v == "train")]
@@ -89,6 +91,8 @@ def filtered(filters: Filters) -> Select[Run, Experiment]:
             query = query.where(Experiment.name.icontains(filters.experiment, autoescape=True))
     if filters.tag:
         query = query.where(exists().where(RunTag.run_id == Run.id, RunTag.tag == filters.tag))
+    if filters.search:
+        query = query.where(*search.conditions(search.parse(filters.search)))
     if filters.worker:
         ids = select(Worker.id).where(Worker.name == filters.worker)
         query = query.where(Run.worker_id.in_(ids))

@@ -59,6 +59,7 @@ def get_filters(
     fingerprint: Digest = "",
     spot_check: SpotCheckChoice = "",
     tag: Annotated[str, Query(max_length=64)] = "",
+    search: Annotated[str, Query(max_length=2000)] = "",
 ) -> Filters:
     """The filters of the runs page, from its URL."""
     return Filters(
@@ -71,6 +72,7 @@ def get_filters(
         fingerprint=fingerprint or None,
         spot_check=spot_check or None,
         tag=tag.strip() or None,
+        search=search.strip() or None,
     )
 
 

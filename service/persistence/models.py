@@ -212,6 +212,24 @@ class Run(Base):
     )
 
 
+class ExperimentParam(Base):
+    """One leaf field of an experiment's spec (`training.optimizer.params.learning_rate`),
+    for searching runs by parameter on an index: numbers in `num`, anything else as text."""
+
+    __tablename__ = "experiment_params"
+    __table_args__ = (
+        Index("ix_experiment_params_name_num", "name", "num", "experiment_id"),
+        Index("ix_experiment_params_name_text", "name", "text", "experiment_id"),
+    )
+
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", name="fk_experiment_params_experiment_id"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    num: Mapped[float | None] = mapped_column(Float)
+    text: Mapped[str | None] = mapped_column(String(200))
+
+
 class RunTag(Base):
     """One tag of a run, for the runs list's `tag` filter (the run's `tags` list shows them)."""
 

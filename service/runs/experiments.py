@@ -16,6 +16,7 @@ from service.errors import Conflict, InvalidSpec, MalformedBody, NotFound
 from service.json_bounds import MAX_INT_DIGITS, exceeds_int_digits
 from service.persistence.models import Experiment, Run, utcnow
 from service.runs import result_size, resume_points
+from service.runs.params import param_rows
 from service.storage import code_bundles, datasets, model_definitions
 from worker.errors import ArchitectureError, MalformedSpecError, SpecError
 from worker.models import registry
@@ -222,6 +223,7 @@ def create_experiment(
             raise
         return found[0], found[1], False
     run.family_id = run.id
+    db.add_all(param_rows(experiment.id, experiment.spec))
     if copies > 1:
         run.audit_id = run.id
         db.add_all(

@@ -202,3 +202,11 @@ def test_runs_lists_by_filter_and_cancel_stops_a_run(service: Service, tmp_path:
     assert "too long" in shown and "abandoned, typo" in shown and "200 epochs was" in shown
     nothing = repro("edit", str(run_id), *api)
     assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+
+    # Searched by parameter from the command line; a bad search is refused saying why.
+    searched = repro(
+        "runs", "--search", "params.training.epochs = 200 and tag = typo", "--json", *api
+    )
+    assert [r["id"] for r in json.loads(searched.stdout)["items"]] == [run_id], searched.stderr
+    bad = repro("runs", "--search", "metrics.accuracy > high", *api)
+    assert bad.returncode == 2 and "compared with a number" in bad.stderr

@@ -158,3 +158,83 @@ def test_the_run_page_edits_labels_and_the_runs_list_filters_and_exports_them(
     name = dashboard_world.HOSTILE
     part = browser.get("/", params={"experiment": name[2:8]}).text
     assert f'href="/runs/{world.reference}"' in part
+
+
+def _experiment(app: Any, *, lr: float, epochs: int, name: str) -> int:
+    """A finished run of a spec with this learning rate and epochs (final accuracy
+    0.5 + epochs/40, as dashboard_world.finish records it)."""
+    from sqlalchemy import select
+
+    from service.persistence.models import Worker
+    from service.runs.experiments import create_experiment
+    from worker.spec import ExperimentSpec
+
+    doc = dashboard_world.spec_doc(name=name, epochs=epochs)
+    doc["training"]["optimizer"]["params"]["learning_rate"] = lr
+    with app.state.sessionmaker() as db:
+        worker = db.scalars(select(Worker)).one()
+        _, run, _ = create_experiment(
+            db=db, spec=ExperimentSpec.model_validate(doc), settings=app.state.settings
+        )
+        dashboard_world.finish(db, run, worker, epochs=epochs)
+        return run.id
+
+
+def test_runs_are_searched_by_params_metrics_tags_and_status(
+    app: Any, world: World, browser: AsgiBrowser
+) -> None:
+    fast_long = _experiment(app, lr=0.003, epochs=3, name="lr-fast")  # accuracy 0.575
+    fast_short = _experiment(app, lr=0.003, epochs=1, name="lr-fast")  # accuracy 0.525
+    slow = _experiment(app, lr=0.01, epochs=3, name="lr-slow")
+    headers = bearer(world.viewer_token)
+
+    def found(search: str) -> list[int]:
+        answer = browser.get("/api/v1/runs", params={"search": search}, headers=headers)
+        assert answer.status_code == 200, answer.text
+        return [r["id"] for r in answer.json()["items"]]
+
+    wanted = "params.training.optimizer.params.learning_rate = 0.003 and metrics.accuracy > 0.55"
+    assert found(wanted) == [fast_long]
+    assert found("params.training.optimizer.params.learning_rate = 0.003") == [
+        fast_short,
+        fast_long,
+    ]
+    assert found(
+        "params.training.optimizer.params.learning_rate >= 0.003 AND metrics.accuracy >= 0.575"
+    ) == [
+        slow,
+        fast_long,
+    ]
+    assert found("params.training.optimizer.name = 'adam' and experiment ~ lr-") == [
+        slow,
+        fast_short,
+        fast_long,
+    ]
+    assert found("params.model.params.hidden = '[8]' and experiment = lr-slow") == [slow]
+    assert found("status = running") == [world.running]
+    browser.patch(
+        f"/api/v1/runs/{slow}", json={"tags": ["keep"]}, headers=bearer(world.submitter_token)
+    ).raise_for_status()
+    assert found("tag = keep and metrics.loss < 1") == [slow]
+    assert slow not in found("tag != keep and experiment ~ lr-")
+    total = browser.get(
+        "/api/v1/runs", params={"search": wanted, "count": "true"}, headers=headers
+    ).json()["total"]
+    assert total == 1
+
+    for bad, says in (
+        ("metrics.accuracy > high", "compared with a number"),
+        ("params.x ~ 3", "needs a number"),
+        ("colour = red", "unknown key 'colour'"),
+        ("status = running or status = queued", "joined by `and`"),
+        ("metrics.accuracy >", "incomplete clause"),
+    ):
+        refused = browser.get("/api/v1/runs", params={"search": bad}, headers=headers)
+        assert refused.status_code == 422, (bad, refused.text)
+        assert says in refused.text, (bad, refused.text)
+
+    # The dashboard's runs list takes the same search.
+    logged_in(browser, world.viewer_token)
+    page = browser.get("/", params={"search": wanted}).text
+    assert f'href="/runs/{fast_long}"' in page and f'href="/runs/{fast_short}"' not in page
+    assert browser.get("/", params={"search": "colour = red"}).status_code == 422

@@ -59,6 +59,14 @@ def _number(text: str) -> bool:
     return True
 
 
+def flatten_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Every leaf field of a spec by its dotted path (`training.optimizer.params.lr`); a list
+    (a seed pair, hidden sizes) is one value, a script's arguments one field each."""
+    out: dict[str, Any] = {}
+    _flatten(spec, "", out)
+    return out
+
+
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
     if path == "script.args" and isinstance(value, list):
         value = script_arguments(value) or value

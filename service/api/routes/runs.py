@@ -33,6 +33,7 @@ from service.errors import NotFound
 from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
 from service.runs import by_hand, fair_share, labels
 from service.runs import experiments as svc
+from service.runs import search as run_search
 from service.runs.events import RunWatcher
 from service.schemas import (
     MAX_ID,
@@ -91,6 +92,15 @@ async def list_runs(
         SpotCheckName | None, Query(description="the newest spot check's outcome; none: never")
     ] = None,
     tag: Annotated[str | None, Query(pattern=TAG_PATTERN, description="runs with this tag")] = None,
+    search: Annotated[
+        str | None,
+        Query(
+            max_length=run_search.MAX_CHARS,
+            description="clauses joined by `and`: `params.PATH OP VALUE`, `metrics.NAME OP "
+            "NUMBER`, `tag = T`, `status`/`verdict`/`name`/`experiment` `= != ~` TEXT, e.g. "
+            "`params.training.optimizer.params.learning_rate = 0.003 and metrics.accuracy > 0.5`",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
     offset: Offset = 0,
@@ -110,7 +120,10 @@ async def list_runs(
         verdict=verdict,
         spot_check=spot_check,
         tag=tag,
+        search=search.strip() if search and search.strip() else None,
     )
+    if filters.search:
+        run_search.parse(filters.search)  # a 422 saying what is wrong, before any read
 
     def page(db: Connection) -> Response:
         found = run_pages.list_runs(
