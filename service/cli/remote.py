@@ -40,6 +40,9 @@ PriorityOption = Annotated[
 ]
 TimeoutOption = Annotated[float | None, typer.Option(help="give up waiting after seconds")]
 _PAGE = 500  # runs per request when listing (the server's largest page)
+RunLimitOption = Annotated[
+    int, typer.Option(min=0, help="runs to list, newest first; 0: every run")
+]
 
 
 def _wait(client: Client, run_id: int, *, quiet: bool, timeout: float | None) -> Run:
@@ -262,9 +265,7 @@ def status(
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
-    limit: Annotated[
-        int, typer.Option(min=0, help="runs to list, newest first; 0: every run")
-    ] = 20,
+    limit: RunLimitOption = 20,
     as_json: JsonFlag = False,
 ) -> None:
     """Show one run, or a table of recent runs (read a page at a time, by cursor)."""
@@ -329,12 +330,10 @@ def runs(
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
-    limit: Annotated[
-        int, typer.Option(min=0, help="runs to list, newest first; 0: every run")
-    ] = 20,
+    limit: RunLimitOption = 20,
     as_json: JsonFlag = False,
 ) -> None:
-    """List runs, newest first, filtered by status, experiment or verdict."""
+    """List runs, newest first, filtered by status, experiment, verdict, tag or a search."""
     from reprotrain import ApiError
 
     client = repro_client(api, token, token_file)

@@ -35,8 +35,9 @@ socket.create_connection(("192.0.2.1", 80), timeout=5)
 """
 
 
-@pytest.fixture(scope="module")
-def image_id() -> Iterator[str]:
+def worker_image_with(module: str, feature: str) -> Iterator[str]:
+    """The id of the worker image (REPRO_TEST_WORKER_IMAGE) if an engine answers and the
+    image imports `module`; a skip saying which is missing otherwise."""
     try:
         client = docker.from_env()
         client.ping()
@@ -45,16 +46,21 @@ def image_id() -> Iterator[str]:
     try:
         image = client.images.get(IMAGE)
         client.containers.run(
-            image.id, entrypoint=["python3", "-c", "import worker.models.code_bundles"], remove=True
+            image.id, entrypoint=["python3", "-c", f"import {module}"], remove=True
         )
     except docker.errors.ImageNotFound:
         pytest.skip(f"image {IMAGE} is not built (docker/build.sh --base IMAGE cpu)")
     except docker.errors.ContainerError:
-        pytest.skip(f"image {IMAGE} predates code bundles: rebuild it (docker/build.sh cpu)")
+        pytest.skip(f"image {IMAGE} predates {feature}: rebuild it (docker/build.sh cpu)")
     try:
         yield str(image.id)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def image_id() -> Iterator[str]:
+    yield from worker_image_with("worker.models.code_bundles", "code bundles")
 
 
 @pytest.fixture(scope="module")

@@ -7,42 +7,15 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from service.app import create_app
-from service.config import Settings
-from service.persistence.migrate import upgrade
 from tests.integration import dashboard_world
+from tests.integration import test_dashboard_pages as pages
 from tests.integration.asgi_browser import AsgiBrowser
 from tests.integration.dashboard_world import World
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    url = "" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    settings = Settings(data_dir=tmp_path / "data", database_url=url)
-    settings.data_dir.mkdir(mode=0o755)
-    upgrade(settings.resolved_database_url)
-    application = create_app(settings)
-    yield application
-    application.state.engine.dispose()
-
-
-@pytest.fixture
-def world(app: Any, tmp_path: Path) -> World:
-    with app.state.sessionmaker() as db:
-        return dashboard_world.build(db, tmp_path / "artifacts", app.state.settings)
-
-
-@pytest.fixture
-def browser(app: Any) -> Iterator[AsgiBrowser]:
-    b = AsgiBrowser(app)
-    yield b
-    b.close()
+# The dashboard tests' fixtures: the app (SQLite and PostgreSQL), its world and a browser.
+app, world, browser, logged_in = pages.app, pages.world, pages.browser, pages.logged_in
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -120,12 +93,6 @@ def test_bad_edits_are_refused_saying_why_and_viewers_may_not_edit(
     assert viewer.status_code == 403
     missing = browser.patch("/api/v1/runs/99999", json={"name": "x"}, headers=submitter)
     assert missing.status_code == 404
-
-
-def logged_in(browser: AsgiBrowser, token: str) -> AsgiBrowser:
-    answer = browser.login(token)
-    assert answer.status_code == 303, answer.text
-    return browser
 
 
 def test_the_run_page_edits_labels_and_the_runs_list_filters_and_exports_them(

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.service_procs import Service, service_with_worker
-from tests.integration.test_code_bundles_docker import IMAGE, docker
+from tests.integration.test_code_bundles_docker import IMAGE, worker_image_with
 from tests.integration.test_script_jobs import SCRIPTS, cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -24,24 +24,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def image_id() -> Iterator[str]:
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:
-        pytest.skip(f"no Docker engine is reachable ({exc})")
-    try:
-        image = client.images.get(IMAGE)
-        client.containers.run(
-            image.id, entrypoint=["python3", "-c", "import worker.script.job"], remove=True
-        )
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"image {IMAGE} is not built (docker/build.sh --base IMAGE cpu)")
-    except docker.errors.ContainerError:
-        pytest.skip(f"image {IMAGE} predates script runs: rebuild it (docker/build.sh cpu)")
-    try:
-        yield str(image.id)
-    finally:
-        client.close()
+    yield from worker_image_with("worker.script.job", "script runs")
 
 
 @pytest.fixture(scope="module")
