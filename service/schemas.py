@@ -534,3 +534,5 @@ class SpotCheckOut(BaseModel):
     requested_by: str | None
     created_at: UtcDatetime
     finished_at: UtcDatetime | None
+    # While pending: why replays are not taken (no live worker of another identity).
+    waiting_reason: str | None = None

@@ -21,6 +21,7 @@ from service.persistence.models import Experiment, Run, SpotCheck, TracePointRow
 from service.persistence.rows_as_json import json_rows
 from service.runs import queue, resume_points
 from service.schemas import ComparisonReport, RunDetail, RunOut, SpotCheckOut
+from service.verification import replay_identity
 from service.verification.comparisons import compare
 from service.verification.verdicts import TRACE_FIELDS, is_reference
 
@@ -170,9 +171,18 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
     )
 
 
-def spot_check_out(check: SpotCheck) -> SpotCheckOut:
-    """The API view of a spot check."""
+def spot_check_out(
+    check: SpotCheck, *, db: Session | None = None, settings: Settings | None = None
+) -> SpotCheckOut:
+    """The API view of a spot check; with `db` and `settings`, a pending one says why its
+    replays wait, if no live worker may take them."""
+    waiting = None
+    if check.status == "pending" and db is not None and settings is not None:
+        ids = [int(s["run_id"]) for s in check.segments]
+        replays = db.scalars(select(Run).where(Run.id.in_(ids)))
+        waiting = replay_identity.waiting_reason(db, replays, settings)
     return SpotCheckOut(
+        waiting_reason=waiting,
         id=check.id,
         run_id=check.run_id,
         status=check.status,

@@ -65,7 +65,15 @@ def spot_check(
                 print(f"spot check {check.id} of run {run_id} queued: {_chosen(check.raw)}")
             return
         err.print(f"spot check {check.id} of run {run_id}: replaying {_chosen(check.raw)}")
-        check = client.wait_spot_check(check.id, timeout=timeout)
+        said: list[str] = []
+
+        def say_why(pending: Any) -> None:
+            # Once: replays that wait for another worker say so at once, not after the wait.
+            if pending.waiting_reason and not said:
+                said.append(pending.waiting_reason)
+                err.print(f"waiting: {pending.waiting_reason}", highlight=False, markup=False)
+
+        check = client.wait_spot_check(check.id, timeout=timeout, on_progress=say_why)
     except ApiError as exc:
         raise api_error_exit(exc) from None
     except WaitTimeout as exc:

@@ -434,11 +434,19 @@ class Client:
         return SpotCheck.from_api(self._http.json("GET", f"/spot-checks/{check_id}"))
 
     def wait_spot_check(
-        self, check_id: int, *, timeout: float | None = None, poll: float = 1.0
+        self,
+        check_id: int,
+        *,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        on_progress: Callable[[SpotCheck], None] | None = None,
     ) -> SpotCheck:
-        """The spot check once all its replays have ended; WaitTimeout after `timeout` s."""
+        """The spot check once all its replays have ended; WaitTimeout after `timeout` s.
+        `on_progress` gets it at every poll (its `waiting_reason` says why replays wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not (found := self.spot_check_status(check_id)).ended:
+            if on_progress is not None:
+                on_progress(found)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"spot check {check_id} still pending after {timeout} s")
             time.sleep(poll)

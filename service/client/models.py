@@ -249,6 +249,7 @@ class SpotCheck(ApiModel):
     seed: str
     requested: int
     segments: list[dict[str, Any]] = Field(default_factory=list)
+    waiting_reason: str | None = None  # while pending: why replays are not taken
     report: dict[str, Any] | None = None
 
     @property

@@ -82,3 +82,27 @@ def end_unclaimable(db: Session, replays: Iterable[Run], settings: Settings) -> 
             "(REPRO_SPOT_CHECK_OTHER_WORKER_SECONDS); it was not given to the trainer",
         }
     return ended
+
+
+def waiting_reason(db: Session, replays: Iterable[Run], settings: Settings) -> str | None:
+    """Why a spot check's queued replays are not taken, when no live worker of another
+    identity than the trainer's can take them (None otherwise): how long they wait before
+    they end not checked, and what to do."""
+    now = utcnow()
+    waiting = [r for r in replays if r.status == "queued" and r.avoid_worker is not None]
+    if not waiting:
+        return None
+    live_since = now - timedelta(seconds=settings.lease_seconds)
+    live = list(db.scalars(select(Worker).where(Worker.last_seen_at >= live_since)))
+    stuck = [r for r in waiting if not any(could_take(w, r, settings) for w in live)]
+    if not stuck:
+        return None
+    limit = settings.spot_check_other_worker_seconds
+    left = max(limit - (now - min(r.created_at for r in stuck)).total_seconds(), 0.0)
+    return (
+        f"{len(stuck)} replay{'s wait' if len(stuck) > 1 else ' waits'} for a worker of another "
+        "identity (worker token) than the one that trained the run, and none is live: within "
+        f"{left:.0f} s (REPRO_SPOT_CHECK_OTHER_WORKER_SECONDS={limit:g}) it ends not checked. "
+        "Start a worker with another token, or spot-check with --allow-trainer (allow_trainer) "
+        "to check determinism only"
+    )

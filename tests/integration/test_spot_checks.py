@@ -228,7 +228,7 @@ def test_the_trainer_alone_never_verifies_its_own_run(tmp_path: Path) -> None:
     found = spec(epochs=2)
     found["model"]["architecture"] = "mlp"
     found["model"]["params"] = {"hidden": [8]}
-    env = {"REPRO_SPOT_CHECK_OTHER_WORKER_SECONDS": "1"}
+    env = {"REPRO_SPOT_CHECK_OTHER_WORKER_SECONDS": "4"}
     service = Service(tmp_path / "data", extra=("--no-demo",), env=env)
     with running(service, tmp_path / "trainer") as (svc, _):
         run_id = svc.submit(json.dumps(found), "application/json").json()["run"]["id"]
@@ -239,6 +239,9 @@ def test_the_trainer_alone_never_verifies_its_own_run(tmp_path: Path) -> None:
         alone = repro(*ask, "--json", env=env_cli)
         assert alone.returncode == 1, alone.stdout + alone.stderr
         assert json.loads(alone.stdout)["status"] == "no-other-worker"
+        # ... and it said why it waited while it did, not only once the wait was over.
+        assert "waiting: 1 replay waits for a worker of another identity" in alone.stderr
+        assert "--allow-trainer" in alone.stderr
         # Asked for explicitly, the trainer replays it: bit for bit, and labelled as no proof.
         own = repro(*ask, "--allow-trainer", env=env_cli)
         assert own.returncode == 3, own.stdout + own.stderr

@@ -228,7 +228,7 @@ def spot_check(
         settings=settings,
         actor=principal,
     )
-    return spot_check_out(found)
+    return spot_check_out(found, db=db, settings=settings)
 
 
 @router.get("/{run_id}/spot-checks", response_model=list[SpotCheckOut], responses=errors(404, 422))
@@ -236,7 +236,8 @@ def run_spot_checks(
     run_id: IdPath, db: SessionDep, settings: SettingsDep, _: ReadAccess
 ) -> list[SpotCheckOut]:
     """The run's spot checks, newest first, with their outcomes."""
-    return [spot_check_out(c) for c in spot_checks.spot_checks_of(db, run_id, settings)]
+    found = spot_checks.spot_checks_of(db, run_id, settings)
+    return [spot_check_out(c, db=db, settings=settings) for c in found]
 
 
 @router.patch("/{run_id}", response_model=RunDetail, responses=errors(400, 404, 413, 415, 422))

@@ -19,4 +19,5 @@ def spot_check(
     check_id: IdPath, db: SessionDep, settings: SettingsDep, _: ReadAccess
 ) -> SpotCheckOut:
     """A spot check: its segments, their replays and, once all have ended, the outcome."""
-    return spot_check_out(spot_checks.get_spot_check(db, check_id, settings))
+    found = spot_checks.get_spot_check(db, check_id, settings)
+    return spot_check_out(found, db=db, settings=settings)
