@@ -203,7 +203,10 @@ def api_error_lines(exc: ApiError) -> list[str]:
         if isinstance(item, dict):
             loc = item.get("loc")
             where = ".".join(map(str, loc)) if isinstance(loc, list) else str(loc or "")
-            lines.append(f"  {where}: {item.get('msg')}" if where else f"  {item.get('msg')}")
+            msg = str(item.get("msg"))
+            # A message that already starts with its place is not given it twice.
+            msg = msg.removeprefix(f"{where}: ") if where else msg
+            lines.append(f"  {where}: {msg}" if where else f"  {msg}")
     return lines
 
 

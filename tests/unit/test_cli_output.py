@@ -80,3 +80,21 @@ def test_a_log_gets_every_epoch_even_when_reports_skip_some(
     said = [line for line in capsys.readouterr().err.splitlines() if "done" in line]
     assert [line.split()[3] for line in said] == ["1/4", "2/4", "3/4", "4/4"], said
     assert "loss 0.5" in said[0] and "loss 0.2" in said[3]
+
+
+def test_a_refusal_names_the_place_of_each_field_error_once() -> None:
+    """The CLI printed `holdout_lambda/lambda: holdout_lambda/lambda: …` for a refused layer."""
+    from reprotrain import ApiError
+    from service.cli.output import api_error_lines
+
+    said = "holdout_lambda/lambda: Lambda layers hold Python code and are refused"
+    error = ApiError(422, "'m' is not a model definition", errors=[
+        {"loc": "holdout_lambda/lambda", "msg": said},
+        {"loc": ["body", "dataset", "batch_size"], "msg": "must be at least 1"},
+    ])  # fmt: skip
+    lines = api_error_lines(error)
+    assert (
+        lines[1] == f"  {said}".replace(": Lambda", ": Lambda")
+        and lines[1].count("holdout_lambda/lambda") == 1
+    )
+    assert lines[2] == "  body.dataset.batch_size: must be at least 1"
