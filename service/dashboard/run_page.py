@@ -26,6 +26,7 @@ from service.runs import labels
 from service.schemas import MAX_AUDIT_COPIES, RunEdit
 from service.storage import artifacts, blob_store
 from service.verification import spot_checks
+from worker.compare.spec_diff import flatten_spec
 from worker.errors import SpecError
 from worker.models import registry
 from worker.spec import ScriptExperimentSpec, parse_any_spec
@@ -93,7 +94,36 @@ def page_context(db: Session, live: dict[str, Any], settings: Settings) -> dict[
         "model": models_page.model_of(db, run.experiment),
         "spot_checks": spot_checks.shown_for(db, run.id),
         "max_segments": settings.max_spot_check_segments,
+        "final_metrics": _final_metrics(run.metrics),
+        "hyperparameters": _hyperparameters(run.experiment.spec),
     }
+
+
+# Spec fields the summary leaves to the sections that show them (seed ledger, data, code).
+_NOT_HYPERPARAMETERS = ("name", "seed", "kind", "code", "dataset.data", "model.definition")
+
+
+def _final_metrics(metrics: list[Any] | None) -> list[tuple[str, Any]]:
+    """The last epoch's metrics, for the summary: (name, value), the counters left out."""
+    rows = [r for r in metrics or [] if isinstance(r, dict)]
+    if not rows:
+        return []
+    last = rows[-1]
+    shown = [("epoch", last.get("epoch"))] if last.get("epoch") is not None else []
+    return shown + [
+        (name, value)
+        for name, value in last.items()
+        if name not in ("epoch", "step", "seconds") and isinstance(value, int | float)
+    ]
+
+
+def _hyperparameters(spec: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The spec's fields by dotted path, as a search names them (`params.PATH`)."""
+    return [
+        (path, value)
+        for path, value in flatten_spec(spec).items()
+        if not any(path == n or path.startswith(f"{n}.") for n in _NOT_HYPERPARAMETERS)
+    ]
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)

@@ -473,3 +473,18 @@ def test_artifacts_download_with_the_session(world: World, browser: AsgiBrowser)
     missing = browser.get("/runs/999999")
     assert missing.status_code == 404 and "run 999999 does not exist" in missing.text
     strict_parse(missing.text)
+
+
+def test_the_run_page_leads_with_final_metrics_and_parameters_and_folds_long_provenance(
+    world: World, browser: AsgiBrowser
+) -> None:
+    """The run page was 6,000 px of flat provenance with no final metrics or parameters."""
+    logged_in(browser, world.viewer_token)
+    page = browser.get(f"/runs/{world.reference}").text
+    metrics = page.index("<h3>Final metrics</h3>")
+    assert metrics < page.index("<h2>Provenance</h2>")
+    assert '<th class="mono">training.optimizer.params.learning_rate</th>' in page
+    assert re.search(r"<th>accuracy</th><td class=\"num\">0\.575", page), page[metrics:][:600]
+    # Long groups start folded: the environment's keyed digests do not fill the page.
+    folded = re.search(r'<details class="group[^"]*"><summary><h3>Environment variables', page)
+    assert folded is not None
