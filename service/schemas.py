@@ -94,6 +94,8 @@ class RunOut(BaseModel):
     # What people call the run and its tags (PATCH /runs/{id}); None: never given.
     name: str | None = None
     tags: list[str] | None = None
+    # When the run was archived (POST /runs/{id}/archive); lists leave it out unless asked.
+    archived_at: UtcDatetime | None
 
 
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,63}$"

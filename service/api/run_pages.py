@@ -76,12 +76,17 @@ class RunFilters:
     spot_check: str | None = None  # pending, verified, failed, error or none
     tag: str | None = None  # runs with this tag (through run_tags' (tag, run_id) index)
     search: str | None = None  # `params.x = 1 and metrics.y > 0.9` (service.runs.search)
+    archived: str = "false"  # archived runs: "false" left out, "true" only them, "any"
 
 
 def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Select[Any]:
     """`query` narrowed to `filters`; with `verdicts`, joined to each run's verdict (if
     any), so that it can select `Verdict.verdict`."""
     query = query.where(Run.kind == filters.kind)
+    if filters.archived == "false":
+        query = query.where(Run.archived_at.is_(None))
+    elif filters.archived == "true":
+        query = query.where(Run.archived_at.is_not(None))
     if filters.spot_check == "none":
         query = query.where(Run.spot_check.is_(None))
     elif filters.spot_check is not None:
@@ -125,6 +130,7 @@ def _page_query(
     after_cursor: bool,
     spot_check: str | None,
     tag: bool = False,
+    archived: str = "false",
 ) -> Select[Any]:
     """The statement of a page for this shape of filters, built once (building one costs
     more than running it): the filter values, the cursor's id, offset and limit are bound
@@ -136,6 +142,7 @@ def _page_query(
         verdict=verdict,
         spot_check=spot_check,
         tag=bindparam("tag") if tag else None,  # type: ignore[arg-type]
+        archived=archived,
     )
     query = _filtered(select(*_page_columns()), shape, verdicts=True)
     if after_cursor:
@@ -216,6 +223,7 @@ def list_runs(
         cursor is not None,
         filters.spot_check,
         filters.tag is not None,
+        filters.archived,
     )
     searched = search.conditions(search.parse(filters.search)) if filters.search else []
     if searched:

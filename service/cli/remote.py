@@ -327,6 +327,9 @@ def runs(
             "Searching runs)",
         ),
     ] = None,
+    archived: Annotated[
+        str, typer.Option(help="archived runs: false (left out), true (only them) or any")
+    ] = "false",
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
@@ -343,6 +346,7 @@ def runs(
         "verdict": verdict,
         "tag": tag,
         "search": search,
+        "archived": archived,
     }
     try:
         page = _runs(client, limit, **filters)
@@ -612,6 +616,30 @@ def _label(run: dict[str, Any]) -> str:
     return " ".join(part for part in (run.get("name") or "", tags) if part)
 
 
+def archive(
+    run_ids: Annotated[list[int], typer.Argument(help="the runs to archive")],
+    undo: Annotated[bool, typer.Option("--undo", help="bring them back instead")] = False,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Archive ended runs: lists leave them out unless asked (`repro runs --archived only`);
+    nothing of them is removed. Exit 1 if any could not be archived."""
+    from reprotrain import ApiError
+
+    client = repro_client(api, token, token_file)
+    failed = 0
+    for run_id in run_ids:
+        try:
+            run = client.archive_run(run_id, archived=not undo)
+        except ApiError as exc:
+            failed += 1
+            err.print(f"[red]run {run_id}:[/red] {exc}", highlight=False)
+            continue
+        typer.echo(f"run {run.id} {'archived' if run.archived_at else 'not archived'}")
+    raise typer.Exit(1 if failed else 0)
+
+
 def cancel(
     run_ids: Annotated[list[int], typer.Argument(help="the runs to cancel")],
     api: ApiOption = DEFAULT_API,
@@ -642,5 +670,5 @@ def cancel(
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    for command in (submit, rerun, status, runs, edit, cancel, compare, audit_copies):
+    for command in (submit, rerun, status, runs, edit, archive, cancel, compare, audit_copies):
         app.command(cls=Command)(command)

@@ -267,6 +267,7 @@ class Client:
         verdict: str | None = None,
         tag: str | None = None,
         search: str | None = None,
+        archived: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
@@ -278,6 +279,7 @@ class Client:
             "verdict": verdict,
             "tag": tag,
             "search": search,
+            "archived": archived,  # "true": only archived runs; "any": both; default: none
         }
         params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
         params["limit"] = limit
@@ -294,6 +296,7 @@ class Client:
         verdict: str | None = None,
         tag: str | None = None,
         search: str | None = None,
+        archived: str | None = None,
         limit: int | None = None,
         page_size: int = 100,
     ) -> Iterator[Run]:
@@ -308,6 +311,7 @@ class Client:
                 verdict=verdict,
                 tag=tag,
                 search=search,
+                archived=archived,
                 limit=want,
                 cursor=cursor,
             )
@@ -382,6 +386,12 @@ class Client:
         if remove_tags:
             body["remove_tags"] = list(remove_tags)
         return self._run(self._http.json("PATCH", f"/runs/{_id(run_id)}", json=body))
+
+    def archive_run(self, run_id: RunRef, *, archived: bool = True) -> Run:
+        """Archive an ended run (lists leave it out unless asked), or with `archived=False`
+        bring it back; nothing of it is removed."""
+        action = "archive" if archived else "unarchive"
+        return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/{action}"))
 
     def cancel(self, run_id: RunRef) -> Run:
         """Cancel a queued or running run."""

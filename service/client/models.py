@@ -169,6 +169,7 @@ class RunState(ApiModel):
     name: str | None = None  # what people call the run (`Client.edit_run`)
     tags: list[str] | None = None
     notes: str | None = None
+    archived_at: datetime | None = None  # when it was archived (`Client.archive_run`)
     final_fingerprint: str | None = None
     error: dict[str, Any] | None = None
     verdict: str | None = None

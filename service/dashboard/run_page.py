@@ -218,6 +218,28 @@ async def edit_labels(request: Request, run_id: IdPath) -> RedirectResponse:
     return await perform(request, act)
 
 
+@router.post("/runs/{run_id}/archive")
+async def archive(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Archive an ended run: the runs list leaves it out unless asked."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        labels.archive(db=db, run_id=run_id, archived=True, actor=viewer.principal)
+        return f"/runs/{run_id}"
+
+    return await perform(request, act)
+
+
+@router.post("/runs/{run_id}/unarchive")
+async def unarchive(request: Request, run_id: IdPath) -> RedirectResponse:
+    """Bring an archived run back into the runs list."""
+
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        labels.archive(db=db, run_id=run_id, archived=False, actor=viewer.principal)
+        return f"/runs/{run_id}"
+
+    return await perform(request, act)
+
+
 @router.post("/runs/{run_id}/spot-check")
 async def spot_check(request: Request, run_id: IdPath) -> RedirectResponse:
     """Replay random segments of the run from its checkpoints; back to its spot checks."""

@@ -37,6 +37,7 @@ class Filters:
     spot_check: str | None = None  # the newest spot check's outcome, or "none"
     tag: str | None = None  # runs with this tag
     search: str | None = None  # `params.x = 1 and metrics.y > 0.9` (service.runs.search)
+    archived: str | None = None  # None: archived runs left out; "only"; "all"
 
     def query_items(self) -> list[tuple[str, str]]:
         items = [(k, v) for k, v in vars(self).items() if v and not (k == "kind" and v == "train")]
@@ -81,6 +82,10 @@ def filtered(filters: Filters) -> Select[Run, Experiment]:
         .join(Experiment, Experiment.id == Run.experiment_id)
         .where(Run.kind == filters.kind)
     )
+    if filters.archived is None:
+        query = query.where(Run.archived_at.is_(None))
+    elif filters.archived == "only":
+        query = query.where(Run.archived_at.is_not(None))
     if filters.status:
         query = query.where(Run.status == filters.status)
     if filters.experiment:

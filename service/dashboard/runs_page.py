@@ -60,6 +60,7 @@ def get_filters(
     spot_check: SpotCheckChoice = "",
     tag: Annotated[str, Query(max_length=64)] = "",
     search: Annotated[str, Query(max_length=2000)] = "",
+    archived: Literal["", "only", "all"] = "",
 ) -> Filters:
     """The filters of the runs page, from its URL."""
     return Filters(
@@ -73,6 +74,7 @@ def get_filters(
         spot_check=spot_check or None,
         tag=tag.strip() or None,
         search=search.strip() or None,
+        archived=archived or None,
     )
 
 

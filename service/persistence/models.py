@@ -205,6 +205,8 @@ class Run(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     notes: Mapped[str | None] = mapped_column(Text)
     tags: Mapped[list[str] | None] = mapped_column(JSON)
+    # When the run was archived (None: it is not): lists leave it out unless asked.
+    archived_at: Mapped[datetime | None]
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(

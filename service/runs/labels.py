@@ -1,4 +1,5 @@
-"""What people say of a run: its name, notes and tags (`PATCH /runs/{id}`), audit-logged.
+"""What people say of a run: its name, notes and tags (`PATCH /runs/{id}`), and whether it
+is archived; every change audit-logged.
 
 A run's tags are kept in order on the run (`runs.tags`, read with a page of runs) and one
 row each in `run_tags` (read by the runs list's `tag` filter through its index); this
@@ -13,8 +14,8 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from service.auth.tokens import Principal, audit
-from service.errors import InvalidSpec
-from service.persistence.models import Run, RunTag
+from service.errors import Conflict, InvalidSpec
+from service.persistence.models import TERMINAL_STATUSES, Run, RunTag, utcnow
 from service.runs.experiments import get_run
 from service.schemas import MAX_TAGS, RunEdit
 
@@ -68,3 +69,17 @@ def _tags_after(current: list[str], change: RunEdit) -> list[str]:
             errors=[{"loc": "body.tags", "msg": f"at most {MAX_TAGS} tags"}],
         )
     return tags
+
+
+def archive(*, db: Session, run_id: int, archived: bool, actor: Principal | None) -> Run:
+    """Archive an ended run (lists leave it out unless asked), or bring it back. Nothing of
+    the run is removed; archiving one already archived changes nothing."""
+    run = get_run(db, run_id)
+    if archived and run.status not in TERMINAL_STATUSES:
+        raise Conflict(f"run {run_id} is {run.status}: cancel it or let it end first")
+    if (run.archived_at is not None) != archived:
+        run.archived_at = utcnow() if archived else None
+        action = "run.archive" if archived else "run.unarchive"
+        audit(db=db, actor=actor, action=action, target_type="run", target_id=run.id)
+    db.commit()
+    return run

@@ -133,8 +133,11 @@ def test_client_takes_the_local_admin_token_and_its_401_says_where_tokens_come_f
 
     monkeypatch.delenv("REPRO_TOKEN", raising=False)
     monkeypatch.setenv("REPRO_DATA_DIR", str(service.data_dir))
-    with Client(service.url) as local:
-        assert local.runs_page(limit=1).items == []  # authenticated by the local token
+    with Client(service.url) as local, Client(service.url, service.admin_token) as admin:
+        # Authenticated by the local token: the same page as the admin's (a 401 otherwise).
+        assert [r.id for r in local.runs_page(limit=3).items] == [
+            r.id for r in admin.runs_page(limit=3).items
+        ]
 
     # The same token never goes to another machine: none is sent there.
     monkeypatch.setenv("REPRO_DATA_DIR", str(service.data_dir.parent / "elsewhere"))
@@ -210,3 +213,11 @@ def test_runs_lists_by_filter_and_cancel_stops_a_run(service: Service, tmp_path:
     assert [r["id"] for r in json.loads(searched.stdout)["items"]] == [run_id], searched.stderr
     bad = repro("runs", "--search", "metrics.accuracy > high", *api)
     assert bad.returncode == 2 and "compared with a number" in bad.stderr
+
+    # Archived: out of the lists, there when asked for.
+    archived = repro("archive", str(run_id), *api)
+    assert archived.returncode == 0 and f"run {run_id} archived" in archived.stdout
+    gone = repro("runs", "--status", "cancelled", "--json", *api)
+    assert run_id not in [r["id"] for r in json.loads(gone.stdout)["items"]]
+    kept = repro("runs", "--archived", "true", "--json", *api)
+    assert [r["id"] for r in json.loads(kept.stdout)["items"]] == [run_id]

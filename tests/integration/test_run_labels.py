@@ -205,3 +205,42 @@ def test_runs_are_searched_by_params_metrics_tags_and_status(
     page = browser.get("/", params={"search": wanted}).text
     assert f'href="/runs/{fast_long}"' in page and f'href="/runs/{fast_short}"' not in page
     assert browser.get("/", params={"search": "colour = red"}).status_code == 422
+
+
+def test_an_archived_run_leaves_the_lists_and_comes_back_under_archived(
+    world: World, browser: AsgiBrowser
+) -> None:
+    submitter = bearer(world.submitter_token)
+
+    def listed(**params: str) -> list[int]:
+        answer = browser.get("/api/v1/runs", params=params, headers=submitter)
+        assert answer.status_code == 200, answer.text
+        return [r["id"] for r in answer.json()["items"]]
+
+    assert world.diverged in listed()
+    archived = browser.post(f"/api/v1/runs/{world.diverged}/archive", headers=submitter)
+    assert archived.status_code == 200 and archived.json()["archived_at"], archived.text
+    assert world.diverged not in listed()
+    assert listed(archived="true") == [world.diverged]
+    assert world.diverged in listed(archived="any") and world.reference in listed(archived="any")
+    running = browser.post(f"/api/v1/runs/{world.running}/archive", headers=submitter)
+    assert running.status_code == 409 and "let it end first" in running.text
+    viewer = browser.post(
+        f"/api/v1/runs/{world.reference}/archive", headers=bearer(world.viewer_token)
+    )
+    assert viewer.status_code == 403
+
+    # The dashboard: gone from the default list, there under "only archived", and back.
+    logged_in(browser, world.submitter_token)
+    assert f'href="/runs/{world.diverged}"' not in browser.get("/").text
+    only = browser.get("/?archived=only").text
+    assert f'href="/runs/{world.diverged}"' in only and "archived</span>" in only
+    page = f"/runs/{world.diverged}"
+    back = browser.post(f"{page}/unarchive", data={"csrf": browser.csrf(page)})
+    assert back.status_code == 303
+    assert f'href="/runs/{world.diverged}"' in browser.get("/").text
+    assert world.diverged in listed()
+    actions = browser.get(
+        "/api/v1/audit", params={"action": "run.archive"}, headers=bearer(world.admin_token)
+    ).json()["items"]
+    assert [a["target_id"] for a in actions] == [world.diverged]

@@ -101,12 +101,17 @@ async def list_runs(
             "`params.training.optimizer.params.learning_rate = 0.003 and metrics.accuracy > 0.5`",
         ),
     ] = None,
+    archived: Annotated[
+        Literal["false", "true", "any"],
+        Query(description="archived runs: left out (false), only them (true), or both (any)"),
+    ] = "false",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
     offset: Offset = 0,
     count: Annotated[bool, Query(description="also count every matching run (`total`)")] = False,
 ) -> Response:
     """Runs, newest first, filtered by status, experiment, verdict and tag, a page at a time.
+    Archived runs are left out unless `archived` asks for them.
 
     Trainings by default; `kind=refine` lists the re-traces made by `POST /compare/refine`,
     `kind=spot-check` the segment replays made by `POST /runs/{id}/spot-checks`.
@@ -121,6 +126,7 @@ async def list_runs(
         spot_check=spot_check,
         tag=tag,
         search=search.strip() if search and search.strip() else None,
+        archived=archived,
     )
     if filters.search:
         run_search.parse(filters.search)  # a 422 saying what is wrong, before any read
@@ -256,6 +262,19 @@ def edit(
     if found is None:  # pragma: no cover - edited just now, and runs are never deleted
         raise NotFound(f"run {run_id} does not exist")
     return _json(found)
+
+
+@router.post("/{run_id}/archive", response_model=RunOut, responses=errors(404, 409, 422))
+def archive(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
+    """Archive an ended run: `GET /runs` and the dashboard leave it out unless asked
+    (`archived=true`); nothing of it is removed. Audit-logged (`run.archive`)."""
+    return run_out(db, labels.archive(db=db, run_id=run_id, archived=True, actor=principal))
+
+
+@router.post("/{run_id}/unarchive", response_model=RunOut, responses=errors(404, 422))
+def unarchive(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
+    """Bring an archived run back into the lists. Audit-logged (`run.unarchive`)."""
+    return run_out(db, labels.archive(db=db, run_id=run_id, archived=False, actor=principal))
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409, 422))
