@@ -13,7 +13,7 @@ from worker.node.readiness_probe import (
     parse_report,
     registration_flags,
 )
-from worker.record.readiness import flags, summary_lines
+from worker.record.readiness import flags, notes, summary_lines
 
 A100 = {
     "index": 0,
@@ -62,12 +62,14 @@ def test_tf32_is_flagged_only_where_a_gpu_uses_it_and_nothing_overrides_it() -> 
     assert _checks(_report(tf32={**on, "applies": False}, gpus=[V100])) == []
 
 
-def test_op_determinism_off_and_thread_counts_left_to_the_machine_are_flagged() -> None:
+def test_op_determinism_off_is_flagged_and_thread_counts_left_to_the_machine_are_a_note() -> None:
     off = _report(op_determinism={"TF_DETERMINISTIC_OPS": "0"})
     assert _checks(off) == ["op_determinism"]
+    assert notes(_report()) == []
     unset = _report(threads={**THREADS, "TF_NUM_INTEROP_THREADS": None})
-    (flag,) = flags(unset)
-    assert flag["check"] == "threads" and "TF_NUM_INTEROP_THREADS" in flag["message"]
+    assert flags(unset) == []
+    (note,) = notes(unset)
+    assert note["check"] == "threads" and "export TF_NUM_INTEROP_THREADS=1" in note["message"]
 
 
 def test_cuda_and_cudnn_other_than_the_build_and_the_lock_are_flagged() -> None:
