@@ -323,41 +323,41 @@ def test_a_run_by_hand_takes_only_its_own_result_once(service: Service, tmp_path
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "train.py").write_text("import reprotrain\n")
     submitter = service.token("submitter", "by-hand")
-    mine = Client(service.url, token=submitter)
-    script = tmp_path / "d" / "train.py"
-    run, bundle = mine.record_script_run(script, ["--x"], name="d", seed=[3, 0])
-    assert run.status == "running" and run.spec_hash
+    with Client(service.url, token=submitter) as mine:  # closed: its socket with it
+        script = tmp_path / "d" / "train.py"
+        run, bundle = mine.record_script_run(script, ["--x"], name="d", seed=[3, 0])
+        assert run.status == "running" and run.spec_hash
 
-    training = {"kind": "train", "name": "not-a-script"}
-    answer = service.client_for("submitter").post("/api/v1/experiments/by-hand", json=training)
-    assert answer.status_code == 422, answer.text
+        training = {"kind": "train", "name": "not-a-script"}
+        answer = service.client_for("submitter").post("/api/v1/experiments/by-hand", json=training)
+        assert answer.status_code == 422, answer.text
 
-    point = {"kind": "epoch", "epoch": 1, "step": 3, "fingerprint": "blake3:" + "a" * 64}
-    result = {
-        "status": "succeeded",
-        "spec_hash": run.spec_hash,
-        "seed": [3, 0],
-        "trace": [{**point, "variables": {}}],
-        "final_fingerprint": point["fingerprint"],
-        "metrics": [{"epoch": 1, "step": 3, "loss": 0.5}],
-    }
-    other = service.client_for("submitter", "someone-else")
-    assert other.post(f"/api/v1/runs/{run.id}/result", json=result).status_code == 403
-    with pytest.raises(ApiError) as wrong:
-        mine.report_result(run.id, {**result, "spec_hash": "sha256:" + "0" * 64})
-    assert wrong.value.status_code == 422
+        point = {"kind": "epoch", "epoch": 1, "step": 3, "fingerprint": "blake3:" + "a" * 64}
+        result = {
+            "status": "succeeded",
+            "spec_hash": run.spec_hash,
+            "seed": [3, 0],
+            "trace": [{**point, "variables": {}}],
+            "final_fingerprint": point["fingerprint"],
+            "metrics": [{"epoch": 1, "step": 3, "loss": 0.5}],
+        }
+        other = service.client_for("submitter", "someone-else")
+        assert other.post(f"/api/v1/runs/{run.id}/result", json=result).status_code == 403
+        with pytest.raises(ApiError) as wrong:
+            mine.report_result(run.id, {**result, "spec_hash": "sha256:" + "0" * 64})
+        assert wrong.value.status_code == 422
 
-    recorded = mine.report_result(run.id, result)
-    assert recorded.status == "succeeded" and recorded.final_fingerprint == point["fingerprint"]
-    again = mine.report_result(run.id, result)  # the answer was lost: the same run
-    assert again.id == run.id and again.final_fingerprint == recorded.final_fingerprint
-    with pytest.raises(ApiError) as changed:
-        mine.report_result(run.id, {**result, "final_fingerprint": "blake3:" + "b" * 64})
-    assert changed.value.status_code == 409
+        recorded = mine.report_result(run.id, result)
+        assert recorded.status == "succeeded" and recorded.final_fingerprint == point["fingerprint"]
+        again = mine.report_result(run.id, result)  # the answer was lost: the same run
+        assert again.id == run.id and again.final_fingerprint == recorded.final_fingerprint
+        with pytest.raises(ApiError) as changed:
+            mine.report_result(run.id, {**result, "final_fingerprint": "blake3:" + "b" * 64})
+        assert changed.value.status_code == 409
 
-    queued = mine.submit_script(tmp_path / "d" / "train.py", seed=3)  # a worker's run
-    answer = service.client.post(f"/api/v1/runs/{queued.id}/result", json=result)
-    assert answer.status_code == 409, answer.text
-    assert "trained by a worker" in answer.text
-    assert service.client.get(f"/api/v1/runs/{run.id}").json()["worker_id"] is None
-    assert bundle.digest == run.spec["code"]
+        queued = mine.submit_script(tmp_path / "d" / "train.py", seed=3)  # a worker's run
+        answer = service.client.post(f"/api/v1/runs/{queued.id}/result", json=result)
+        assert answer.status_code == 409, answer.text
+        assert "trained by a worker" in answer.text
+        assert service.client.get(f"/api/v1/runs/{run.id}").json()["worker_id"] is None
+        assert bundle.digest == run.spec["code"]
