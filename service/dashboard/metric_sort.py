@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, exists, func, literal, select, tuple_
+from sqlalchemy import Select, and_, exists, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from service.dashboard import run_rows
 from service.dashboard.run_rows import Filters, RunRow
 from service.errors import MalformedBody
+from service.persistence.distinct import distinct_values
 from service.persistence.models import Experiment, Run, RunMetric
 from service.runs import final_metrics
 from service.schemas import MAX_ID
@@ -166,15 +167,5 @@ def values_of(
 
 
 def metric_names(db: Session, limit: int = MAX_NAMES) -> list[str]:
-    """The names of recorded metrics, in order, read by skipping through the index (one
-    lookup per name, however many runs recorded it)."""
-    first = select(func.min(RunMetric.name).label("name"), literal(1).label("n"))
-    names = first.cte("names", recursive=True)
-    following = (
-        select(func.min(RunMetric.name)).where(RunMetric.name > names.c.name).scalar_subquery()
-    )
-    names = names.union_all(
-        select(following, names.c.n + 1).where(names.c.name.is_not(None), names.c.n < limit)
-    )
-    query = select(names.c.name).where(names.c.name.is_not(None)).order_by(names.c.name)
-    return [name for name in db.scalars(query)]
+    """The names of recorded metrics, in order (one index lookup per name)."""
+    return distinct_values(db, RunMetric.name, limit)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -16,11 +17,12 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import ReadSessionDep
-from service.dashboard import metric_sort, run_rows
+from service.dashboard import metric_sort, param_columns, run_rows
 from service.dashboard.run_rows import VERDICT_FILTERS, Filters
 from service.dashboard.web import SECURITY_HEADERS, PageRoute, ViewerDep, render
 from service.errors import MalformedBody
 from service.persistence.models import RUN_STATUSES
+from service.runs.params import NAME_CHARS
 from service.schemas import MAX_ID
 
 router = APIRouter(route_class=PageRoute)
@@ -38,6 +40,7 @@ SpotCheckChoice = Literal[
     "", "verified", "self-consistent", "failed", "pending", "no-other-worker", "error", "none"
 ]
 PAGE_SIZES = (25, 50, 100, 200)
+EXPORT_BATCH = 200  # runs whose metric and parameter cells one query reads
 MAX_LIVE = 200  # rows one poll refreshes: at most a page's worth
 # A page polls every 2 s for at most this many times (30 minutes), then asks for a reload.
 MAX_POLLS = 900
@@ -92,6 +95,7 @@ class Columns:
     metric: str = ""  # a metric the viewer picked, shown after the usual ones
     sort: str = ""  # "" for newest first
     order: str = "desc"
+    params: tuple[str, ...] = ()  # parameter columns, in order
 
     @property
     def names(self) -> list[str]:
@@ -102,14 +106,24 @@ class Columns:
     def query_items(self) -> list[tuple[str, str]]:
         items = [("metric", self.metric), ("sort", self.sort)]
         items += [("order", self.order)] if self.sort and self.order != "desc" else []
+        items += [("param", name) for name in self.params]
         return [(k, v) for k, v in items if v]
 
 
 def get_columns(
-    metric: MetricName = "", sort: MetricName = "", order: Literal["asc", "desc"] = "desc"
+    metric: MetricName = "",
+    sort: MetricName = "",
+    order: Literal["asc", "desc"] = "desc",
+    param: Annotated[list[str] | None, Query()] = None,
 ) -> Columns:
-    """The metric columns and sort of the runs page, from its URL."""
-    return Columns(metric=metric.strip(), sort=sort.strip(), order=order)
+    """The metric and parameter columns and the sort of the runs page, from its URL."""
+    picked = list(dict.fromkeys(p.strip() for p in param or () if p.strip()))
+    if len(picked) > param_columns.MAX_PICKED or any(len(p) > NAME_CHARS for p in picked):
+        raise MalformedBody(
+            f"at most {param_columns.MAX_PICKED} parameter columns (param), "
+            f"each a spec path of at most {NAME_CHARS} characters"
+        )
+    return Columns(metric=metric.strip(), sort=sort.strip(), order=order, params=tuple(picked))
 
 
 ColumnsDep = Annotated[Columns, Depends(get_columns)]
@@ -157,6 +171,11 @@ def runs(
         older = {"before": found.older} if found.older else None
         deep = before is not None or after is not None
     ids = [r.run.id for r in found.rows]
+    experiments = [r.experiment.id for r in found.rows]
+    params = param_columns.values_by_experiment(db, experiments)
+    picked = columns.params
+    # The pager and sort links keep what the URL asked; the rows, polls and export show more.
+    shown = replace(columns, params=tuple(param_columns.shown(picked, params, experiments)))
     live = ",".join(str(r.run.id) for r in found.rows if r.live)
     return render(
         request,
@@ -164,18 +183,25 @@ def runs(
         viewer,
         page=found,
         filters=filters,
-        columns=columns,
+        columns=shown,
         values=metric_sort.values_of(db, ids, columns.names),
+        params=params,
+        picked=picked,
+        param_label=param_columns.label,
         metric_names=metric_sort.metric_names(db),
+        param_names=param_columns.names(db),
         sort_url=lambda name, order: _url(filters, replace(columns, sort=name, order=order)),
+        unpick_url=lambda name: _url(
+            filters, replace(columns, params=tuple(p for p in picked if p != name))
+        ),
         statuses=RUN_STATUSES,
         verdicts=VERDICT_FILTERS,
         spot_check_filters=SPOT_CHECK_FILTERS,
-        live_url=_live_url(live, columns) if live else None,
+        live_url=_live_url(live, shown) if live else None,
         newer_url=_url(filters, columns, **newer, **size) if newer else None,
         older_url=_url(filters, columns, **older, **size) if older else None,
         first_url=_url(filters, columns, **size) if deep else None,
-        export_query=urlencode(filters.query_items()),
+        export_query=urlencode(filters.query_items() + shown.query_items()),
     )
 
 
@@ -233,15 +259,31 @@ def live_rows(
         max_polls=MAX_POLLS,
         columns=columns,
         values=metric_sort.values_of(db, [r.run.id for r in rows], columns.names),
+        params=param_columns.values_by_experiment(db, [r.experiment.id for r in rows]),
     )
 
 
-def _csv(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
+def _records(
+    db: Session, rows: Iterator[run_rows.RunRow], columns: Columns
+) -> Iterator[dict[str, Any]]:
+    """The export's records: each run's fields, then its metric and parameter columns (a
+    cell is empty where the run has no such value), a batch of runs at a time."""
+    while batch := list(itertools.islice(rows, EXPORT_BATCH)):
+        metrics = metric_sort.values_of(db, [r.run.id for r in batch], columns.names)
+        params = param_columns.values_by_experiment(db, [r.experiment.id for r in batch])
+        for r in batch:
+            record = run_rows.export_record(r)
+            mine, spec = metrics.get(r.run.id, {}), params.get(r.experiment.id, {})
+            record.update({f"metrics.{n}": mine.get(n) for n in columns.names})
+            record.update({f"params.{n}": spec.get(n) for n in columns.params})
+            yield record
+
+
+def _csv(records: Iterator[dict[str, Any]], fields: list[str]) -> Iterator[str]:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=EXPORT_FIELDS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
-    for i, row in enumerate(rows):
-        record = run_rows.export_record(row)
+    for i, record in enumerate(records):
         record["seed"] = " ".join(str(s) for s in record["seed"])
         record["tags"] = " ".join(record["tags"])
         writer.writerow(record)
@@ -252,10 +294,10 @@ def _csv(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
     yield buffer.getvalue()
 
 
-def _json(rows: Iterator[run_rows.RunRow]) -> Iterator[str]:
+def _json(records: Iterator[dict[str, Any]]) -> Iterator[str]:
     yield "["
-    for i, row in enumerate(rows):
-        yield ("," if i else "") + "\n" + json.dumps(run_rows.export_record(row))
+    for i, record in enumerate(records):
+        yield ("," if i else "") + "\n" + json.dumps(record)
     yield "\n]\n"
 
 
@@ -265,16 +307,20 @@ def export(
     viewer: ViewerDep,
     db: ReadSessionDep,
     filters: FiltersDep,
+    columns: ColumnsDep,
     fmt: Literal["csv", "json"],
 ) -> StreamingResponse:
-    """Every run of the filtered set, streamed as CSV or JSON a batch at a time."""
+    """Every run of the filtered set with the page's metric and parameter columns (those
+    in the URL), streamed as CSV or JSON a batch at a time."""
     db.close()  # the stream reads with its own session, in the thread pool
 
-    def rows() -> Iterator[run_rows.RunRow]:
+    def records() -> Iterator[dict[str, Any]]:
         with request.app.state.read_sessionmaker() as session:
-            yield from run_rows.iterate(session, filters)
+            yield from _records(session, run_rows.iterate(session, filters), columns)
 
-    body = _csv(rows()) if fmt == "csv" else _json(rows())
+    fields = EXPORT_FIELDS + [f"metrics.{n}" for n in columns.names]
+    fields += [f"params.{n}" for n in columns.params]
+    body = _csv(records(), fields) if fmt == "csv" else _json(records())
     media = "text/csv; charset=utf-8" if fmt == "csv" else "application/json"
     headers = {
         **SECURITY_HEADERS,

@@ -87,6 +87,13 @@ PAGES = [
     # The same with four metric columns (the most it shows), sorted by one: the 90-character
     # experiment name wraps to ten lines in what is left of the width (about 2,550 px).
     Page("runs list by metrics", lambda w: "/?metric=val_accuracy&sort=val_loss&order=asc", 4_000),
+    # And with three parameter columns picked beside them (long paths wrap in their heading).
+    Page(
+        "runs list with parameter columns",
+        lambda w: "/?metric=val_accuracy&sort=val_loss&param=training.optimizer.params.learning_rate"
+        "&param=dataset.params.num_features&param=model.architecture",
+        5_000,
+    ),
     # The whole record: summary, grouped provenance with 50 environment variables of up to
     # 256 characters (2 to 8 lines each), the 11-point trace, four curves (about 8,300 px).
     Page("run page", lambda w: f"/runs/{w.reference}", 15_000),

@@ -6,7 +6,9 @@ page edits them with its form; bad tags and too many are refused saying why."""
 from __future__ import annotations
 
 import csv
+import html
 import io
+import re
 from typing import Any
 
 from tests.integration import dashboard_world
@@ -244,3 +246,46 @@ def test_an_archived_run_leaves_the_lists_and_comes_back_under_archived(
         "/api/v1/audit", params={"action": "run.archive"}, headers=bearer(world.admin_token)
     ).json()["items"]
     assert [a["target_id"] for a in actions] == [world.diverged]
+
+
+def test_the_runs_list_shows_the_params_that_differ_and_picked_ones_and_exports_them(
+    app: Any, world: World, browser: AsgiBrowser
+) -> None:
+    fast = _experiment(app, lr=0.003, epochs=3, name="cols-a")
+    slow = _experiment(app, lr=0.01, epochs=3, name="cols-b")
+    logged_in(browser, world.viewer_token)
+    lr = "training.optimizer.params.learning_rate"
+
+    def headings(page: str) -> list[str]:
+        return re.findall(r'<th class="param" title="params\.([^" ]+)', page)
+
+    def cells(page: str, run_id: int) -> list[str]:
+        row = page.split(f'<tr id="run-{run_id}"', 1)[1].split("</tr>", 1)[0]
+        return re.findall(r'<td class="(?:num|param)">(?:<span[^>]*>)?([^<]*)<', row)[-2:]
+
+    # Unasked: the one parameter that differs (the names differ too, and have a column).
+    page = browser.get("/", params={"experiment": "cols-"}).text
+    assert headings(page) == [lr]
+    assert "differs between runs on this page" in page
+    # Picked: shown first, with a link that hides it; the differing one still follows.
+    page = browser.get("/", params={"experiment": "cols-", "param": "training.epochs"}).text
+    assert headings(page) == ["training.epochs", lr]
+    assert cells(page, fast) == ["3", "0.003"] and cells(page, slow) == ["3", "0.01"]
+    assert 'aria-label="hide the column training.epochs"' in page
+
+    # The export holds the columns shown: the page's link names them all.
+    link = re.search(r'href="(/runs/export\.csv\?[^"]+)"', page).group(1)  # type: ignore[union-attr]
+    exported = browser.get(html.unescape(link)).text
+    rows = {r["id"]: r for r in csv.DictReader(io.StringIO(exported))}
+    assert set(rows) == {str(fast), str(slow)}
+    assert (
+        rows[str(fast)][f"params.{lr}"] == "0.003"
+        and rows[str(slow)]["params.training.epochs"] == "3.0"
+    )
+    assert float(rows[str(fast)]["metrics.loss"]) > 0 and "metrics.eval_accuracy" in rows[str(fast)]
+    as_json = browser.get(html.unescape(link).replace("export.csv", "export.json")).json()
+    assert {r["id"]: r[f"params.{lr}"] for r in as_json} == {fast: 0.003, slow: 0.01}
+
+    too_many = [("param", f"p{i}") for i in range(7)]
+    refused = browser.get("/", params=[("experiment", "cols-"), *too_many])
+    assert refused.status_code == 400 and "at most 6 parameter columns" in refused.text
