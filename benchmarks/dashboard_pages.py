@@ -12,7 +12,10 @@ untimed, and the median kept:
 - `/?status=failed`: page 1 of a filter, baseline page 1 at that size;
 - `/?sort=loss&order=asc&metric=accuracy`: page 1 with its metric columns (final loss, eval
   accuracy, a picked metric) sorted by final loss, walked on the `run_metrics` index,
-  baseline page 1 at that size (target: < 150 ms).
+  baseline page 1 at that size (target: < 150 ms);
+- `/?search=params.training.optimizer.params.learning_rate = 0.003 and metrics.loss < 0.69`
+  with two parameter columns picked (the parameter and metric walked on their indexes, a
+  third of the runs matching), baseline page 1 at that size (target: < 150 ms).
 
 Then two runs of one experiment with 51 trace points of 200 variables each, diverging at
 epoch 30 in 5 variables, and `/runs/{id}` and `/compare?a=&b=` of them (target: < 200 ms),
@@ -45,6 +48,12 @@ PAGE_TARGET_MS = 200.0
 EPOCHS, VARIABLES, DIVERGING = 50, 200, 5
 METRIC_SORTED = "/?sort=loss&order=asc&metric=accuracy"
 METRIC_RATIO = 1.5  # three more columns and the metric names' select box
+LEARNING_RATE = "training.optimizer.params.learning_rate"
+SEARCHED = (
+    "/?search=params." + LEARNING_RATE + "%20%3D%200.003%20and%20metrics.loss%20%3C%200.69"
+    "&param=" + LEARNING_RATE + "&param=training.epochs"
+)
+SEARCH_RATIO = 3.0  # a third of the runs match: the walk reads three times as many rows
 
 
 @dataclass(frozen=True)
@@ -223,6 +232,9 @@ def measure(quick: bool) -> list[Row]:
                 )
                 failed = dashboard.median_ms("/?status=failed", budget.samples)
                 by_metric = dashboard.median_ms(METRIC_SORTED, budget.samples)
+                searched = dashboard.median_ms(SEARCHED, budget.samples)
+                if 'id="run-' not in dashboard.get(SEARCHED).text:
+                    raise RuntimeError(f"{SEARCHED}: no run matches; the timing says nothing")
             finally:
                 dashboard.close()
             first_page = first_page or page1
@@ -236,9 +248,12 @@ def measure(quick: bool) -> list[Row]:
                      ratio_target=3.0),
                 _row("runs page with metric columns, sorted by final loss, vs page 1", config,
                      by_metric, page1, ratio_target=METRIC_RATIO),
+                _row("runs page searched by a parameter and a metric, with parameter columns, "
+                     "vs page 1", config, searched, page1, ratio_target=SEARCH_RATIO),
             ]  # fmt: skip
             progress(f"dashboard: {stored:,} runs: page 1 {page1:.1f} ms, deep {deep:.1f} ms, "
-                     f"filtered {failed:.1f} ms, by loss {by_metric:.1f} ms")  # fmt: skip
+                     f"filtered {failed:.1f} ms, by loss {by_metric:.1f} ms, "
+                     f"searched {searched:.1f} ms")  # fmt: skip
         progress(f"dashboard: a {EPOCHS}-epoch, {VARIABLES}-variable pair")
         a, b = add_large_pair(data_dir)
         dashboard = Dashboard(data_dir)

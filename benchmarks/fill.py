@@ -3,7 +3,8 @@
 The rows look like a service that has been in use for a while: four runs in five are the
 first run of their experiment, the fifth is a rerun of one of them (same experiment and
 family); most have finished, with provenance, metrics (their final values in `run_metrics`, as
-the server records them) and a fingerprint. The newest runs
+the server records them) and a fingerprint; each experiment's parameters are in
+`experiment_params`, its learning rate one of three. The newest runs
 of each fill are queued, so there is always something to claim.
 """
 
@@ -18,11 +19,13 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
-from service.persistence.models import Experiment, Run, RunMetric, utcnow
+from service.persistence.models import Experiment, ExperimentParam, Run, RunMetric, utcnow
 from service.runs.final_metrics import finals as finals_of
+from service.runs.params import param_rows
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 5000  # runs per transaction: a multiple of 5, so no rerun is split from its run
+LEARNING_RATES = (0.001, 0.003, 0.01)
 _STATUSES = ("succeeded",) * 8 + ("failed", "cancelled")
 _PROVENANCE = {
     "python": "3.11.7",
@@ -54,6 +57,14 @@ def _base_spec() -> dict[str, Any]:
     from worker.spec import load_spec
 
     return load_spec(REPO / "examples" / "seed001.yaml").model_dump(mode="json")
+
+
+def _with_learning_rate(training: dict[str, Any], n: int) -> dict[str, Any]:
+    """The spec's training section with one of three learning rates (a search by it finds a
+    third of the runs)."""
+    optimizer = training["optimizer"]
+    rate = LEARNING_RATES[n % len(LEARNING_RATES)]
+    return {**training, "optimizer": {**optimizer, "params": {"learning_rate": rate}}}
 
 
 def _fields(status: str, created: datetime, n: int) -> dict[str, Any]:
@@ -105,6 +116,7 @@ def fill_runs(database_url: str, count: int, *, queued: int = 100) -> int:
                 experiments: list[dict[str, Any]] = []
                 for p in originals:
                     spec = {**base, "name": f"fill-{start + p}", "seed": [start + p, 7]}
+                    spec["training"] = _with_learning_rate(base["training"], start + p)
                     spec_hash = _digest("sha256", json.dumps(spec, sort_keys=True))
                     experiments.append(
                         {
@@ -155,6 +167,12 @@ def fill_runs(database_url: str, count: int, *, queued: int = 100) -> int:
                 ]
                 if finals:
                     db.execute(insert(RunMetric), finals)
+                params = [
+                    {"experiment_id": r.experiment_id, "name": r.name, "num": r.num, "text": r.text}
+                    for e in experiments
+                    for r in param_rows(e["id"], e["spec"])
+                ]
+                db.execute(insert(ExperimentParam), params)
                 db.commit()
             total = db.scalar(select(func.count()).select_from(Run)) or 0
         if engine.dialect.name == "postgresql":

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from benchmarks.fill import BATCH, fill_runs
 from service.config import Settings
 from service.persistence.engine import make_engine
-from service.persistence.models import Experiment, Run
+from service.persistence.models import Experiment, ExperimentParam, Run
 
 
 def _experiment(name: str) -> Experiment:
@@ -51,6 +51,16 @@ def test_a_fill_gives_families_reruns_and_queued_runs_after_the_stored_ones(
             assert len(queued) == 10 and {r.id for r in queued} == {r.id for r in newest}
             assert all(r.started_at is None and r.final_fingerprint is None for r in queued)
             assert {"succeeded", "failed", "queued"} <= {r.status for r in filled}
+            # Every filled experiment's parameters are searchable, its learning rate one of three.
+            lr = "training.optimizer.params.learning_rate"
+            rates = db.execute(
+                select(ExperimentParam.num, func.count())
+                .where(ExperimentParam.name == lr)
+                .group_by(ExperimentParam.num)
+            ).all()
+            experiments = len({r.experiment_id for r in filled})
+            assert {n for n, _ in rates} == {0.001, 0.003, 0.01}
+            assert sum(c for _, c in rates) == experiments
             # The service's next inserts get the next ids (PostgreSQL's sequences moved on).
             db.add(Run(experiment=_experiment("after")))
             db.commit()
