@@ -498,6 +498,21 @@ class RunArtifact(ArtifactOut):
     created_at: UtcDatetime
 
 
+class RunLogOut(BaseModel):
+    """A run's job log (its stderr, and a script's stdout) as its worker sent it: the text of
+    one attempt from `start` to `end`. Follow a running job by asking again with
+    `after=end`; `dropped` counts bytes past the kept bound no longer held."""
+
+    run_id: int
+    attempt: int | None = Field(description="the attempt shown; null when no log was sent")
+    attempts: list[int] = Field(description="the attempts that sent a log")
+    start: int
+    end: int
+    dropped: int
+    text: str
+    running: bool = Field(description="whether more may come (the run has not ended)")
+
+
 class SpotCheckIn(BaseModel):
     """A spot check to queue: how many segments, and optionally the seed that picks them."""
 

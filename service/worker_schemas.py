@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from service.json_bounds import DETAILS, RESULT, BoundedProgress, bounded_extras, bounded_fields
+from service.runs.logs import PIECE_CHARS
 from service.runs.reported_values import checked_progress, metrics_problems
 from service.schemas import MAX_DEVICES, MAX_ID, Id, PlainText, StrictInput, UtcDatetime
 from service.storage.artifacts import SAFE_NAME, SHA256_HEX
@@ -112,9 +113,17 @@ class UploadTicketOut(BaseModel):
     expires_at: UtcDatetime
 
 
+class LogPiece(StrictInput):
+    """New lines of the job's log, and where they start in the attempt's log (bytes)."""
+
+    offset: int = Field(ge=0, le=2**62)
+    text: str = Field(max_length=PIECE_CHARS)
+
+
 class HeartbeatIn(WorkerReport):
     # Counters and numbers checked, so the run's pages can always show them.
     progress: Annotated[BoundedProgress | None, AfterValidator(checked_progress)] = None
+    log: LogPiece | None = None  # taken only with `attempt`, which the pieces are of
 
 
 class HeartbeatOut(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -668,7 +669,44 @@ def cancel(
     raise typer.Exit(1 if failed else 0)
 
 
+def logs(
+    run_id: Annotated[int, typer.Argument(help="the run")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new lines until the run ends")
+    ] = False,
+    attempt: Annotated[
+        int | None, typer.Option(help="an earlier attempt's log (default: the latest)")
+    ] = None,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Print a run's job log (its stderr, and a script's stdout) as the worker sent it: the
+    last REPRO_MAX_LOG_BYTES of each attempt, live while the run trains."""
+    from reprotrain import ApiError
+
+    client = repro_client(api, token, token_file)
+    try:
+        if follow and attempt is None:
+            for piece in client.follow_log(run_id):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            return
+        found = client.log(run_id, attempt=attempt)
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if found.dropped:
+        err.print(f"(the first {found.dropped} bytes of this log are no longer kept)")
+    if found.attempt is None:
+        waits = " (it waits for a worker)" if found.running else ""
+        err.print(f"run {run_id} has no log yet{waits}")
+    sys.stdout.write(found.text)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    for command in (submit, rerun, status, runs, edit, archive, cancel, compare, audit_copies):
+    commands = (submit, rerun, status, runs, logs, edit, archive, cancel, compare, audit_copies)
+    for command in commands:
         app.command(cls=Command)(command)

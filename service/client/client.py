@@ -29,6 +29,7 @@ from .models import (
     Comparison,
     Experiment,
     Refinement,
+    RunLog,
     RunsComparison,
     RunState,
     SpotCheck,
@@ -396,6 +397,37 @@ class Client:
     def cancel(self, run_id: RunRef) -> Run:
         """Cancel a queued or running run."""
         return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/cancel"))
+
+    def log(self, run_id: RunRef, *, attempt: int | None = None, after: int = 0) -> RunLog:
+        """The run's job log (the latest attempt unless named) from byte `after`."""
+        params: dict[str, Any] = {"after": after}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return RunLog.from_api(self._http.json("GET", f"/runs/{_id(run_id)}/log", params=params))
+
+    def follow_log(
+        self, run_id: RunRef, *, poll: float = 2.0, timeout: float | None = None
+    ) -> Iterator[str]:
+        """The job's log as it comes: what is there, then each new piece, until the run has
+        ended and its last lines are in (WaitTimeout after `timeout` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        after, attempt = 0, None
+        while True:
+            piece = self.log(run_id, after=after)
+            if attempt is not None and piece.attempt != attempt and piece.attempt is not None:
+                # A new attempt (the run was taken back and claimed again): its log from 0.
+                yield f"[attempt {piece.attempt} of the run]\n"
+                piece = self.log(run_id, attempt=piece.attempt)
+            if piece.dropped:
+                yield f"[{piece.dropped} bytes of the log are no longer kept]\n"
+            if piece.text:
+                yield piece.text
+            after, attempt = piece.end, piece.attempt
+            if not piece.running:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"run {_id(run_id)} still running after {timeout} s")
+            time.sleep(poll)
 
     def experiment(self, experiment_id: int) -> Experiment:
         """One experiment: its spec, spec hash and resolved seed."""

@@ -152,6 +152,20 @@ class Progress(ApiModel):
     loss: float | None = None
 
 
+class RunLog(ApiModel):
+    """A run's job log (stderr, and a script's stdout) from `start` to `end` of one attempt;
+    ask again with `after=end` for what follows (`Client.follow_log` does)."""
+
+    run_id: int
+    attempt: int | None = None
+    attempts: list[int] = Field(default_factory=list)
+    start: int = 0
+    end: int = 0
+    dropped: int = 0
+    text: str = ""
+    running: bool = False
+
+
 class RunState(ApiModel):
     """A run as the API shows it: the fields of a listing, and with `Client.run` also its
     spec, seed, metrics and verdict report."""

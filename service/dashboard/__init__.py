@@ -28,6 +28,7 @@ def dashboard_router() -> APIRouter:
         datasets_page,
         experiment_page,
         experiments_page,
+        log_view,
         login,
         models_page,
         run_page,
@@ -38,7 +39,7 @@ def dashboard_router() -> APIRouter:
     router = APIRouter(include_in_schema=False)
     for page in (login, runs_page, run_page, compare_page, compare_runs_page, experiment_page,
                  certificate_page, audits_page, workers_page, experiments_page,
-                 datasets_page, models_page):  # fmt: skip
+                 datasets_page, models_page, log_view):  # fmt: skip
         router.include_router(page.router)
     return router
 

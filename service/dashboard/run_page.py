@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import IdPath, ReadSessionDep
 from service.config import Settings
-from service.dashboard import charts, models_page, provenance_view, run_rows
+from service.dashboard import charts, log_view, models_page, provenance_view, run_rows
 from service.dashboard.actions import perform
 from service.dashboard.runs_page import MAX_POLLS, PollCount
 from service.dashboard.session import Viewer
@@ -96,6 +96,7 @@ def page_context(db: Session, live: dict[str, Any], settings: Settings) -> dict[
         "max_segments": settings.max_spot_check_segments,
         "final_metrics": _final_metrics(run.metrics),
         "hyperparameters": _hyperparameters(run.experiment.spec),
+        **log_view.log_context(db, run),
     }
 
 

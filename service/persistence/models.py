@@ -405,6 +405,22 @@ class CodeBundle(_Pushed, Base):
     )
 
 
+class RunLogChunk(Base):
+    """A piece of a job's log (its stderr, and a script's stdout) as its worker sent it with
+    a heartbeat: `offset` is where it starts in that attempt's log, so a repeated heartbeat
+    adds nothing. The oldest pieces of an attempt go once it holds more than the bound."""
+
+    __tablename__ = "run_log_chunks"
+
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("runs.id", name="fk_run_log_chunks_run_id"), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(primary_key=True)
+    offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    size: Mapped[int]  # bytes of `text` in UTF-8
+
+
 class RunMetric(Base):
     """A run's final value of one recorded metric, so the runs page sorts by it on an index."""
 

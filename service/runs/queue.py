@@ -7,7 +7,7 @@ A run is held by at most one worker: claiming is one atomic conditional update (
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import CursorResult, and_, delete, exists, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
@@ -25,12 +25,15 @@ from service.persistence.models import (
     Worker,
     utcnow,
 )
-from service.runs import fair_share, final_metrics, resume_points
+from service.runs import fair_share, final_metrics, logs, resume_points
 from service.runs import wakeups as bell
 from service.runs.experiments import reported_image
 from service.verification import replay_identity, verdicts
 from service.verification.result_checks import Verification, image_allowed, still_the_checkpoint
 from worker.result import JobResult
+
+if TYPE_CHECKING:
+    from service.worker_schemas import LogPiece
 
 
 def get_worker(db: Session, worker_id: int) -> Worker:
@@ -278,8 +281,10 @@ def heartbeat(
     progress: dict[str, Any] | None,
     attempt: int | None = None,
     principal: Principal | None = None,
+    log: LogPiece | None = None,
 ) -> datetime:
-    """Extend the lease and record progress; the new lease's end.
+    """Extend the lease and record progress (and new lines of the job's log); the new
+    lease's end.
 
     The common case is one conditional UPDATE of the run (held by this worker, of this
     token, on this attempt) and, once a heartbeat period, one of the worker's last sighting:
@@ -313,6 +318,15 @@ def heartbeat(
         .values(last_seen_at=now)
         .execution_options(synchronize_session=False)
     )
+    if log is not None and attempt is not None:
+        logs.append(
+            db,
+            run_id=run_id,
+            attempt=attempt,
+            offset=log.offset,
+            text=log.text,
+            max_bytes=settings.max_log_bytes,
+        )
     bell.note_written(db, run_id)
     db.commit()
     return expires

@@ -90,7 +90,8 @@ PAGES = [
     # And with three parameter columns picked beside them (long paths wrap in their heading).
     Page(
         "runs list with parameter columns",
-        lambda w: "/?metric=val_accuracy&sort=val_loss&param=training.optimizer.params.learning_rate"
+        lambda w: "/?metric=val_accuracy&sort=val_loss"
+        "&param=training.optimizer.params.learning_rate"
         "&param=dataset.params.num_features&param=model.architecture",
         5_000,
     ),

@@ -80,6 +80,11 @@ def test_a_script_run_reruns_identical(service: Service, script: str, args: list
     assert first["checkpoint_epoch"] == 2
     assert [d["epoch"] for d in first["data_fingerprints"]] == [1, 2]
     assert first["result_summary"]["determinism"]["reseed"].startswith("at reprotrain.init()")
+    # What the script printed last (its stdout) reached the server with the log's end.
+    printed = f": {first['final_fingerprint']}\n"  # `run ID: FINGERPRINT`, its last line
+    job_log = service.client.get(f"/api/v1/runs/{first['id']}/log").json()
+    assert printed in job_log["text"] and job_log["attempts"] == [1], job_log["text"][-2000:]
+    assert printed in cli(service, "logs", str(first["id"]))
 
     out = cli(service, "rerun", str(first["id"]), "--wait")
     assert "identical" in out, out

@@ -247,10 +247,14 @@ class ApiClient(Transport):
         progress: dict[str, Any] | None,
         *,
         attempt: int | None = None,
+        log: tuple[int, str] | None = None,
     ) -> dict[str, Any]:
-        """Extend the lease and report progress; LeaseLost when the worker no longer holds it
-        (or no longer on `attempt`, the claim's: that attempt is over)."""
-        body = {**_holder(worker_id, attempt), "progress": progress}
+        """Extend the lease and report progress, and new lines of the job's log (offset,
+        text); LeaseLost when the worker no longer holds it (or no longer on `attempt`, the
+        claim's: that attempt is over)."""
+        body: dict[str, Any] = {**_holder(worker_id, attempt), "progress": progress}
+        if log is not None:
+            body["log"] = {"offset": log[0], "text": log[1]}
         # Repeating a heartbeat changes nothing more than sending it once.
         response = self._call(
             "POST", f"{API}/runs/{run_id}/heartbeat", idempotent=True, lease=True, json=body

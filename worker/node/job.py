@@ -29,6 +29,7 @@ from worker.node.client import ApiClient, ApiError, Id, LeaseLost
 from worker.node.executors import Executor, JobHandle, JobRequest
 from worker.node.job_files import (
     KILL_GRACE_SECONDS,
+    LogBuffer,
     StderrTail,
     Upload,
     checkpoint_downloads,
@@ -58,6 +59,7 @@ class Job:
         self.run_id = run_id
         self.handle = handle
         self.progress: dict[str, Any] | None = None
+        self.log = LogBuffer()  # its output lines, for the heartbeats to send
         # The end of an epoch (its metrics) not sent yet: it goes out at the next tick.
         self.milestone: dict[str, Any] | None = None
         self.abandoned = threading.Event()
@@ -220,6 +222,7 @@ class ClaimedRun:
                 uploads.put(None)
                 uploader.join()  # every checkpoint is in before the run is reported
             seconds = time.monotonic() - started
+            self._send_log_end(job)
             return self._final_report(job, code, request, workspace, tail, seconds)
         finally:
             # Heartbeats go on until here (uploads can outlast the job); from here on the
@@ -255,6 +258,7 @@ class ClaimedRun:
             if event is None:
                 tail.add(line)
                 job_log.write(line + "\n")
+                job.log.add(line)
                 continue
             job.progress = event
             if event["event"] == "epoch_end":
@@ -346,15 +350,20 @@ class ClaimedRun:
             progress = milestone if milestone is not None else job.progress
             if away_since is not None and now < retry_at:
                 continue
+            piece = job.log.take() if self.attempt is not None else None
             if (
                 away_since is None
                 and now < due
                 and milestone is None
-                and (progress is sent_progress or now < progress_due)
+                and ((progress is sent_progress and piece is None) or now < progress_due)
             ):
                 continue
             try:
-                self.client.heartbeat(job.run_id, self.worker_id, progress, attempt=self.attempt)
+                self.client.heartbeat(
+                    job.run_id, self.worker_id, progress, attempt=self.attempt, log=piece
+                )
+                if piece is not None:
+                    job.log.taken(piece)
             except LeaseLost as exc:
                 job.abandon(f"lease lost ({exc.detail})")
                 return
@@ -387,6 +396,25 @@ class ClaimedRun:
             if milestone is not None and job.milestone is milestone:
                 job.milestone = None
             progress_due = now + self.progress_seconds
+
+    def _send_log_end(self, job: Job, pieces: int = 32) -> None:
+        """Send the log's last lines before the report (heartbeats may not come again): the
+        run page then shows how the job ended. What the API does not take stays in the
+        worker's job.log."""
+        if self.attempt is None or job.abandoned.is_set():
+            return
+        for _ in range(pieces):
+            piece = job.log.take()
+            if piece is None:
+                return
+            try:
+                self.client.heartbeat(
+                    job.run_id, self.worker_id, None, attempt=self.attempt, log=piece
+                )
+            except ApiError as exc:  # LeaseLost too: the report finds out what to do
+                log.info("run %s: the log's last lines were not sent (%s)", job.run_id, exc)
+                return
+            job.log.taken(piece)
 
     def _refuse(self, job: Job, why: str) -> None:
         """Fail the run for a file its job wrote that the agent will not read; stop the job."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import re
 import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -104,3 +105,59 @@ def job_file_bounds(limits: dict[str, Any]) -> JobFileBounds:
         result=int(result) if isinstance(result, int) and result > 0 else MAX_RESULT_BYTES,
         artifact=int(artifact) if isinstance(artifact, int) and artifact > 0 else None,
     )
+
+
+class LogBuffer:
+    """The job's log lines not yet taken by the API, for the heartbeats to carry a piece at a
+    time. Bounded: while the API does not answer, the oldest pending lines go and a line
+    says how much. `offset` counts the bytes of the log the API has taken."""
+
+    def __init__(self, max_pending: int = 1024**2, piece_chars: int = 64 * 1024) -> None:
+        self.offset = 0
+        self._max_pending, self._piece_chars = max_pending, piece_chars
+        self._lines: collections.deque[str] = collections.deque()
+        self._pending = 0  # bytes in _lines
+        self._dropped = 0
+        self._lock = threading.Lock()
+
+    def add(self, line: str) -> None:
+        """One line of the job's output (without its newline)."""
+        text = line[: self._piece_chars - 1] + "\n"
+        with self._lock:
+            self._lines.append(text)
+            self._pending += len(text.encode("utf-8"))
+            while self._pending > self._max_pending and len(self._lines) > 1:
+                gone = len(self._lines.popleft().encode("utf-8"))
+                self._pending -= gone
+                self._dropped += gone
+
+    def take(self) -> tuple[int, str] | None:
+        """The next piece to send (offset, text), whole lines; None when nothing is pending.
+        It stays pending until `taken` is called with it."""
+        with self._lock:
+            if self._dropped:
+                note = f"[{self._dropped} bytes of log dropped while the API did not answer]\n"
+                self._lines.appendleft(note)
+                self._pending += len(note.encode("utf-8"))
+                self._dropped = 0
+            parts: list[str] = []
+            size = 0
+            for line in self._lines:
+                if parts and size + len(line) > self._piece_chars:
+                    break
+                parts.append(line)
+                size += len(line)
+            return (self.offset, "".join(parts)) if parts else None
+
+    def taken(self, piece: tuple[int, str]) -> None:
+        """The API has `piece`: drop its lines (nothing, if another sender took it first)."""
+        offset, text = piece
+        with self._lock:
+            if offset != self.offset:
+                return
+            left = text
+            while left and self._lines and left.startswith(self._lines[0]):
+                line = self._lines.popleft()
+                self._pending -= len(line.encode("utf-8"))
+                left = left[len(line) :]
+            self.offset += len(text.encode("utf-8"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from service.api.deps import IdPath, ReadAccess, ReadSessionDep
@@ -10,7 +12,8 @@ from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.persistence.models import Artifact
 from service.runs import experiments as svc
-from service.schemas import RunArtifact
+from service.runs import logs
+from service.schemas import MAX_ID, RunArtifact, RunLogOut
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
@@ -37,3 +40,28 @@ def list_artifacts(run_id: IdPath, db: ReadSessionDep, _: ReadAccess) -> list[Ru
         )
         for a in rows
     ]
+
+
+@router.get("/{run_id}/log", response_model=RunLogOut, responses=errors(404, 422))
+def run_log(
+    run_id: IdPath,
+    db: ReadSessionDep,
+    _: ReadAccess,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> RunLogOut:
+    """The job's log of an attempt (the latest by default) from byte `after`, as the worker
+    sent it with its heartbeats: live while the run trains, kept after it ends (the last
+    `REPRO_MAX_LOG_BYTES` of each attempt)."""
+    run = svc.get_run(db, run_id)
+    view = logs.read(db, run.id, attempt=attempt, after=after)
+    return RunLogOut(
+        run_id=run.id,
+        attempt=view.attempt,
+        attempts=view.attempts,
+        start=view.start,
+        end=view.end,
+        dropped=view.dropped,
+        text=view.text,
+        running=run.status in ("queued", "running"),
+    )

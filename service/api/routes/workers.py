@@ -300,6 +300,7 @@ def heartbeat(
         progress=body.progress,
         attempt=body.attempt,
         principal=principal,
+        log=body.log,
     )
     return HeartbeatOut(lease_expires_at=expires)
 
