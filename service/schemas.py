@@ -129,6 +129,9 @@ class RunDetail(RunOut):
     seed: list[int]
     provenance: dict[str, Any] | None
     metrics: list[Any] | None
+    step_metrics: list[Any] | None = Field(
+        default=None, description="per-step rows (step, epoch, loss...), at most 1,000 a run"
+    )
     data_fingerprints: list[Any] | None
     trace_granularity: str | None
     trace: list[dict[str, Any]]

@@ -157,6 +157,7 @@ def _storable(result: JobResult) -> JobResult:
         *(f"{loc} contains a NUL character" for loc, text, _ in texts if "\x00" in (text or "")),
         *(f"{loc} is not in [0, {MAX_ID}]" for loc, value in counts if not 0 <= value <= MAX_ID),
         *metrics_problems(result.metrics),
+        *metrics_problems(result.step_metrics, "step_metrics"),
     ]
     if problems:
         raise ValueError("; ".join(problems))
@@ -168,7 +169,7 @@ StorableResult = Annotated[
     JobResult,
     AfterValidator(_storable),
     # The free-form parts of a result, stored and shown on the run's pages.
-    bounded_fields("spec", "provenance", "determinism", "metrics", bounds=RESULT),
+    bounded_fields("spec", "provenance", "determinism", "metrics", "step_metrics", bounds=RESULT),
 ]
 
 

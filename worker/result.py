@@ -16,6 +16,12 @@ from worker.training.seeds import resolve_seed
 S = TypeVar("S", ExperimentSpec, ScriptExperimentSpec)
 
 RESULT_FORMAT = 1
+MAX_STEP_POINTS = 1000  # per-step metric rows a result holds, spread evenly over the run
+
+
+def step_bucket_size(total_steps: int) -> int:
+    """Steps per per-step metric row: one row a bucket keeps a run within MAX_STEP_POINTS."""
+    return max(1, -(-total_steps // MAX_STEP_POINTS))
 
 
 class JobError(BaseModel):
@@ -49,6 +55,9 @@ class JobResult(BaseModel):
     provenance: dict[str, Any] = Field(default_factory=dict)
     determinism: dict[str, Any] = Field(default_factory=dict)
     metrics: list[dict[str, Any]] = Field(default_factory=list)
+    # Per-step values ({"step", "epoch", "loss", ...}), at most MAX_STEP_POINTS of them spread
+    # over the run: for curves only, never compared.
+    step_metrics: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_STEP_POINTS)
     trace: list[TracePoint] = Field(default_factory=list)
     trace_granularity: str | None = None
     final_fingerprint: str | None = None

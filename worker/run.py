@@ -404,6 +404,7 @@ def _record_outcome(
     interrupted = outcome.interrupted_after_epoch
     result.determinism = outcome.determinism
     result.metrics = outcome.metrics
+    result.step_metrics = outcome.step_metrics
     result.trace = outcome.trace
     result.trace_granularity = f"steps:{every}" if every else "epoch"
     result.final_fingerprint = None if interrupted else outcome.trace[-1].fingerprint

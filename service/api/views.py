@@ -89,6 +89,7 @@ def _report(db: Session, run_id: int, row: Any) -> ComparisonReport | None:
 _DETAIL_COLUMNS = (
     "provenance",
     "metrics",
+    "step_metrics",
     "data_fingerprints",
     "trace_granularity",
     "result_summary",

@@ -195,6 +195,7 @@ class RunState(ApiModel):
     spec_hash: str | None = None
     seed: list[int] | None = None
     metrics: list[dict[str, Any]] | None = None
+    step_metrics: list[dict[str, Any]] | None = None  # per step: the loss every k steps
     verdict_report: Comparison | None = None
     reference_run_id: int | None = None
 

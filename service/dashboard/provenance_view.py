@@ -163,16 +163,26 @@ def metric_names(metrics: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return names
 
 
-def series(metrics: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple[float, float]]:
-    points = [(finite(row.get("epoch")), finite(row.get(name))) for row in _rows(metrics)]
-    return [(x, y) for x, y in points if x is not None and y is not None]
+def series(
+    metrics: Sequence[Mapping[str, Any]] | None, name: str, x: str = "epoch"
+) -> list[tuple[float, float]]:
+    points = [(finite(row.get(x)), finite(row.get(name))) for row in _rows(metrics)]
+    return [(px, py) for px, py in points if px is not None and py is not None]
 
 
-def curves(metrics: Sequence[Mapping[str, Any]] | None, run_label: str = "") -> list[str]:
-    """One SVG chart per metric, loss first; points name `run_label` on hover."""
+def curves(
+    metrics: Sequence[Mapping[str, Any]] | None, run_label: str = "", x: str = "epoch"
+) -> list[str]:
+    """One SVG chart per metric over `x` (epoch, or step), loss first; points name
+    `run_label` on hover."""
     names = sorted(metric_names(metrics), key=lambda n: (n != "loss", n))
+    title = "{} by step" if x == "step" else "{}"
     charts_ = [
-        charts.line_chart([charts.Series(run_label or name, series(metrics, name))], title=name)
+        charts.line_chart(
+            [charts.Series(run_label or name, series(metrics, name, x))],
+            title=title.format(name),
+            x_label=x,
+        )
         for name in names
     ]
     return [c for c in charts_ if c]
@@ -189,4 +199,5 @@ def provenance_context(*, db: Session, run: Run) -> dict[str, Any]:
         "ledger": seed_ledger(run),
         "hazards": hazards(run),
         "curves": [svg(c) for c in curves(run.metrics, f"run {run.id}")],
+        "step_curves": [svg(c) for c in curves(run.step_metrics, f"run {run.id}", x="step")],
     }

@@ -165,6 +165,8 @@ class Run(Base):
     trace_granularity: Mapped[str | None] = mapped_column(String(40))
     provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     metrics: Mapped[list[Any] | None] = mapped_column(JSON)
+    # The result's per-step rows (the loss every k steps, a script's step metrics): curves.
+    step_metrics: Mapped[list[Any] | None] = mapped_column(JSON)
     data_fingerprints: Mapped[list[Any] | None] = mapped_column(JSON)
     result_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)

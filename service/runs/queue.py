@@ -443,6 +443,7 @@ def take_result(db: Session, run: Run, result: JobResult, *, max_sortable_metric
     run.trace_granularity = result.trace_granularity
     run.provenance = result.provenance
     run.metrics = result.metrics
+    run.step_metrics = result.step_metrics or None
     final_metrics.record(db, run, max_names=max_sortable_metrics)
     run.data_fingerprints = [d.model_dump() for d in result.data_fingerprints]
     run.resumed_from_step = result.resumed_from_step

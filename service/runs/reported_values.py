@@ -56,12 +56,13 @@ def checked_progress(progress: dict[str, Any] | None) -> dict[str, Any] | None:
     return progress
 
 
-def metrics_problems(metrics: list[Any]) -> list[str]:
-    """What is wrong with a result's per-epoch metrics rows (none: they can be stored)."""
+def metrics_problems(metrics: list[Any], field: str = "metrics") -> list[str]:
+    """What is wrong with a result's metrics rows, per epoch or per step (none: they can be
+    stored)."""
     problems = []
     for i, row in enumerate(metrics):
         if not isinstance(row, Mapping):
-            problems.append(f"metrics.{i} must be a mapping")
+            problems.append(f"{field}.{i} must be a mapping")
         else:
-            problems += _problems(row, f"metrics.{i}.")
+            problems += _problems(row, f"{field}.{i}.")
     return problems

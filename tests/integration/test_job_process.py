@@ -116,6 +116,10 @@ def test_half_then_resume_equals_uninterrupted(case: str, tmp_path: Path) -> Non
     assert resumed.result.trace == full.result.trace
     assert resumed.result.data_fingerprints == full.result.data_fingerprints
     assert [m["epoch"] for m in resumed.result.metrics] == [1, 2, 3, 4]
+    # The per-step losses: one a step (a short run), bitwise those of the run not stopped.
+    steps = spec["training"]["epochs"] * spec["dataset"]["train_batches"]
+    assert [r["step"] for r in full.result.step_metrics] == list(range(1, steps + 1))
+    assert resumed.result.step_metrics == full.result.step_metrics
 
 
 def test_sigterm_checkpoints_the_epoch_and_resume_finishes_identically(tmp_path: Path) -> None:

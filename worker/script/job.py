@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import platform
 import shutil
@@ -29,7 +30,7 @@ from typing import Any
 
 from worker.errors import SpecError
 from worker.record.trace import TracePoint
-from worker.result import DataFingerprint, JobError, JobResult, first_result
+from worker.result import DataFingerprint, JobError, JobResult, first_result, step_bucket_size
 from worker.script.run import (
     CHECKPOINT_DIR_ENV,
     DETERMINISM_ENV,
@@ -271,6 +272,7 @@ def _take_record(
         DataFingerprint.model_validate(d) for d in record.get("data_fingerprints") or []
     ]
     result.metrics = epoch_rows(record.get("metrics") or [])
+    result.step_metrics = step_rows(record.get("metrics") or [])
     result.determinism = record.get("determinism") or {}
     result.provenance = dict(record.get("provenance") or {})
     result.provenance["script_run"] = {
@@ -311,3 +313,23 @@ def epoch_rows(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["step"] = m.get("step")
         row[str(m.get("name"))] = m.get("value")
     return [rows[e] for e in sorted(rows)]
+
+
+def step_rows(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metrics the script logged with a step and no epoch (`run.log_metric(name, value,
+    step=s)`) as per-step rows, one per step, thinned evenly to at most MAX_STEP_POINTS."""
+    rows: dict[int, dict[str, Any]] = {}
+    for m in metrics:
+        step, value = m.get("step"), m.get("value")
+        if m.get("epoch") is not None or not isinstance(step, int) or step < 0:
+            continue
+        if isinstance(value, int | float) and math.isfinite(value):
+            rows.setdefault(step, {"step": step})[str(m.get("name"))] = value
+    if not rows:
+        return []
+    bucket = step_bucket_size(max(rows) + 1)
+    kept: list[dict[str, Any]] = []
+    for step in sorted(rows):
+        if not kept or step // bucket > kept[-1]["step"] // bucket:
+            kept.append(rows[step])
+    return kept

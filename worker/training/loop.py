@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from worker.record import checkpoint as ckpt_io
 from worker.record.fingerprint import StreamDigest, fingerprint_state
 from worker.record.step_checkpoints import epoch_dataset, resume_within_epoch, save_step_checkpoint
 from worker.record.trace import TracePoint
+from worker.result import step_bucket_size
 from worker.spec import ExperimentSpec
 from worker.training import determinism, preflight
 from worker.training.job import Job
@@ -36,6 +38,7 @@ class TrainingOutcome:
 
     determinism: dict[str, Any]
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    step_metrics: list[dict[str, Any]] = field(default_factory=list)  # the loss every k steps
     trace: list[TracePoint] = field(default_factory=list)
     data_fingerprints: list[dict[str, Any]] = field(default_factory=list)
     eval_data_fingerprint: str | None = None
@@ -195,6 +198,8 @@ class _Training:
         for callback in self.callbacks:
             callback.set_model(job.model)
         self.steps_per_epoch = spec.dataset.train_batches
+        # A per-step row in each bucket of this many steps (the first call that enters it).
+        self.step_bucket = step_bucket_size(tr.epochs * self.steps_per_epoch)
         self.spec_hash = spec.spec_hash()
         self.first_epoch, self.first_batch, self.step = 1, 0, 0
         self.checkpoint_dir = options.checkpoint_dir
@@ -259,6 +264,7 @@ class _Training:
         self.step = step = ckpt.step
         out.trace = [TracePoint.model_validate(p) for p in ckpt.meta["trace"]]
         out.metrics = list(ckpt.meta["metrics"])
+        out.step_metrics = list(ckpt.meta.get("step_metrics", []))
         out.checkpoints = list(ckpt.meta["checkpoints"])
         out.resumed_from_step = ckpt.step
         self.consumed = list(ckpt.meta.get("consumed_data_fingerprints", []))
@@ -390,6 +396,11 @@ class _Training:
             )
         for callback in self.callbacks:
             callback.on_train_batch_end(batch_in_epoch - 1, {"step": step, "epoch": epoch})
+        rows = self.out.step_metrics
+        if not rows or step // self.step_bucket > rows[-1]["step"] // self.step_bucket:
+            value = float(loss)
+            if math.isfinite(value):  # a curve has no point for a NaN; the epoch row says so
+                rows.append({"epoch": epoch, "step": step, "loss": value})
         if every and step % every == 0:
             t_fp = time.monotonic()
             self.out.trace.append(self.job.point("step", epoch, step))
@@ -423,6 +434,7 @@ class _Training:
             "fingerprint": fingerprint,
             "trace": [p.model_dump() for p in self.out.trace],
             "metrics": self.out.metrics,
+            "step_metrics": self.out.step_metrics,
             "checkpoints": [*self.out.checkpoints, name],
             "consumed_data_fingerprints": self.consumed,
         }
