@@ -2,7 +2,9 @@
 
 Each page has its module here and its templates under `templates/`; the files under
 `static/` are served from the package (htmx 2.0.11 from npm, unmodified, 0BSD licence in
-`static/htmx.LICENSE.txt`; the stylesheet and the copy-button script are ours).
+`static/htmx.LICENSE.txt`; uPlot 1.6.32 from npm, its `dist/uPlot.iife.min.js` and
+`uPlot.min.css` unmodified, MIT licence in `static/uPlot.LICENSE.txt`; the stylesheet, the
+copy-button script and `charts.js` are ours).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """Charts drawn on the server as SVG text: curves, the divergence map, the lineage tree.
 
 Every piece of text that goes into the SVG is escaped here; the templates include the
-result as markup. No script runs to draw anything, so the certificate can embed them.
+result as markup. No script runs to draw them, so the certificate can embed them; the
+pages draw their line charts again with uPlot (static/charts.js) from a chart's `data`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from html import escape
+from typing import Any
 
 # Ten colours told apart in print and by most colour-blind readers, and dash patterns cycled
 # at another period, so no two of the first 30 series look alike and a line drawn exactly over
@@ -36,6 +38,34 @@ class Series:
     name: str
     points: Sequence[tuple[float, float]]
     dashed: bool = False
+    # Other x values of the same points (e.g. "step" beside "epoch"), one per point.
+    other_x: Mapping[str, Sequence[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A line chart as a page shows it: the SVG drawn here (what the certificate embeds,
+    and what shows until the page's script draws the interactive chart), and `data`, what
+    that script draws from (JSON: finite numbers only)."""
+
+    svg: str
+    data: dict[str, Any]
+
+
+def chart(series: Sequence[Series], *, title: str, x_label: str = "epoch") -> Chart | None:
+    """The chart of these series, None when nothing is to be drawn."""
+    drawn = line_chart(series, title=title, x_label=x_label)
+    if not drawn:
+        return None
+    extra = sorted({k for s in series for k in s.other_x})
+    data_series = []
+    for s in series:
+        kept = [i for i, (x, y) in enumerate(s.points) if math.isfinite(x) and math.isfinite(y)]
+        xs = {x_label: [s.points[i][0] for i in kept]}
+        xs.update({k: [s.other_x[k][i] for i in kept] for k in extra if k in s.other_x})
+        ys = [s.points[i][1] for i in kept]
+        data_series.append({"label": s.name, "dashed": s.dashed, "x": xs, "y": ys})
+    return Chart(drawn, {"title": title, "xs": [x_label, *extra], "series": data_series})
 
 
 def _style(i: int, series: Series) -> tuple[str, str]:

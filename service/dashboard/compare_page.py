@@ -114,21 +114,21 @@ def spec_diff(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     ]
 
 
-def overlaid_curves(a: Run, b: Run) -> list[str]:
+def overlaid_curves(a: Run, b: Run) -> list[charts.Chart]:
     names = provenance_view.metric_names(a.metrics)
     names += [n for n in provenance_view.metric_names(b.metrics) if n not in names]
     names.sort(key=lambda n: (n != "loss", n))
     drawn = [
-        charts.line_chart(
+        charts.chart(
             [
-                charts.Series(f"run {a.id}", provenance_view.series(a.metrics, name)),
-                charts.Series(f"run {b.id}", provenance_view.series(b.metrics, name), True),
+                provenance_view.series(a.metrics, name, f"run {a.id}"),
+                provenance_view.series(b.metrics, name, f"run {b.id}", dashed=True),
             ],
             title=name,
         )
         for name in names
     ]
-    return [d for d in drawn if d]
+    return [d for d in drawn if d is not None]
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -171,7 +171,7 @@ def compare_page(
         environment=environment_rows(run_a, run_b, report, env == "all"),
         show_all_env=env == "all",
         spec_diff=spec_diff(run_a, run_b),
-        curves=[svg(c) for c in overlaid_curves(run_a, run_b)],
+        curves=overlaid_curves(run_a, run_b),
         refinement=refined,
         # Refining replays an epoch step by step: nothing to refine where the runs differ
         # before any step (initial weights) or only because their seeds differ.

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse
 
 from service.api.deps import ReadSessionDep
 from service.dashboard import charts
-from service.dashboard.web import PageRoute, ViewerDep, render, svg
+from service.dashboard.web import PageRoute, ViewerDep, render
 from service.schemas import ManyRunsComparison
 from service.verification import comparison_matrix as many_runs
 
@@ -26,13 +26,13 @@ def matrix(found: ManyRunsComparison) -> list[list[Any]]:
     return [[(b, by_pair.get((a, b))) for b in found.runs] for a in found.runs]
 
 
-def overlaid(curves: Mapping[str, Sequence[Any]]) -> list[str]:
+def overlaid(curves: Mapping[str, Sequence[Any]]) -> list[charts.Chart]:
     """One chart per metric, a line per run."""
     drawn = [
-        charts.line_chart([charts.Series(f"run {c.run}", c.points) for c in per_run], title=name)
+        charts.chart([charts.Series(f"run {c.run}", c.points) for c in per_run], title=name)
         for name, per_run in curves.items()
     ]
-    return [d for d in drawn if d]
+    return [d for d in drawn if d is not None]
 
 
 @router.get("/compare/runs", response_class=HTMLResponse)
@@ -52,5 +52,5 @@ def compare_runs_page(
         viewer,
         found=found,
         matrix=matrix(found),
-        curves=[svg(c) for c in overlaid(found.curves)],
+        curves=overlaid(found.curves),
     )

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.dashboard import charts
-from service.dashboard.web import finite, svg
+from service.dashboard.web import finite
 from service.persistence.models import Run, TracePointRow, Verdict
 from service.verification.verdicts import family_references
 
@@ -164,28 +164,35 @@ def metric_names(metrics: Sequence[Mapping[str, Any]] | None) -> list[str]:
 
 
 def series(
-    metrics: Sequence[Mapping[str, Any]] | None, name: str, x: str = "epoch"
-) -> list[tuple[float, float]]:
-    points = [(finite(row.get(x)), finite(row.get(name))) for row in _rows(metrics)]
-    return [(px, py) for px, py in points if px is not None and py is not None]
+    metrics: Sequence[Mapping[str, Any]] | None,
+    name: str,
+    label: str,
+    *,
+    x: str = "epoch",
+    dashed: bool = False,
+) -> charts.Series:
+    """`name` over `x` from metrics rows, with the rows' global steps as another x where
+    every row has one (an epoch row does: the step it ended at)."""
+    rows = [(finite(r.get(x)), finite(r.get("step")), finite(r.get(name))) for r in _rows(metrics)]
+    kept = [(px, step, y) for px, step, y in rows if px is not None and y is not None]
+    steps = [step for _, step, _ in kept if step is not None]
+    other = {"step": steps} if x != "step" and kept and len(steps) == len(kept) else {}
+    return charts.Series(label, [(px, y) for px, _, y in kept], dashed, other)
 
 
 def curves(
     metrics: Sequence[Mapping[str, Any]] | None, run_label: str = "", x: str = "epoch"
-) -> list[str]:
-    """One SVG chart per metric over `x` (epoch, or step), loss first; points name
-    `run_label` on hover."""
+) -> list[charts.Chart]:
+    """One chart per metric over `x` (epoch, or step), loss first; points name `run_label`
+    on hover."""
     names = sorted(metric_names(metrics), key=lambda n: (n != "loss", n))
     title = "{} by step" if x == "step" else "{}"
-    charts_ = [
-        charts.line_chart(
-            [charts.Series(run_label or name, series(metrics, name, x))],
-            title=title.format(name),
-            x_label=x,
-        )
+    found = [
+        charts.chart([series(metrics, name, run_label or name, x=x)], title=title.format(name),
+                     x_label=x)
         for name in names
-    ]
-    return [c for c in charts_ if c]
+    ]  # fmt: skip
+    return [c for c in found if c is not None]
 
 
 def provenance_context(*, db: Session, run: Run) -> dict[str, Any]:
@@ -198,6 +205,6 @@ def provenance_context(*, db: Session, run: Run) -> dict[str, Any]:
         "groups": groups(run.provenance),
         "ledger": seed_ledger(run),
         "hazards": hazards(run),
-        "curves": [svg(c) for c in curves(run.metrics, f"run {run.id}")],
-        "step_curves": [svg(c) for c in curves(run.step_metrics, f"run {run.id}", x="step")],
+        "curves": curves(run.metrics, f"run {run.id}"),
+        "step_curves": curves(run.step_metrics, f"run {run.id}", x="step"),
     }

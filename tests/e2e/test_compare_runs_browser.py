@@ -1,7 +1,8 @@
 """N-way comparison in Debian's Chromium against `repro serve`: tick three runs on the runs
 list and press "Compare selected", read the verdict matrix and the legend, hover a curve
 point for its value; then "Compare all" on an experiment page brings every succeeded run of
-it. A failure is screenshotted into REPRO_LAYOUT_SHOTS (or the test's temporary directory).
+it. On a run page, a chart's tooltip, drag to zoom and reset, log scale, and step on x. A
+failure is screenshotted into REPRO_LAYOUT_SHOTS (or the test's temporary directory).
 
 The runs are the dashboard world's (reference, identical and diverged reruns, a failed and
 a running one) plus a second identical rerun, stored as completion stores them.
@@ -60,23 +61,75 @@ def expected(runs: list[int], diverged: int) -> dict[tuple[int, int], str]:
     }
 
 
+# The chart box (`figure.chart-box`, drawn by charts.js with uPlot) whose title is `title`.
+BOX = """(title) => [...document.querySelectorAll('figure.chart-box[data-drawn]')]
+  .find((b) => JSON.parse(b.dataset.chart).title === title)"""
+
+
 def chart_legend(page: Any, metric: str) -> list[str]:
-    chart = page.locator(f'svg.chart[aria-label="{metric}"]')
-    return [t.strip() for t in chart.locator(".legend-entry text").all_text_contents()]
-
-
-def hovered_value(page: Any, metric: str, title: str) -> list[str]:
-    """Hover the point of `metric`'s chart whose hover text is `title`; the hover texts of
-    the points under the mouse then."""
-    points = page.locator(f'svg.chart[aria-label="{metric}"] circle.point')
-    titles = points.evaluate_all("(cs) => cs.map((c) => c.querySelector('title').textContent)")
-    assert title in titles, titles
-    points.nth(titles.index(title)).hover()
+    """The series named in the legend under `metric`'s chart (the x series left out)."""
     found: list[str] = page.evaluate(
-        "() => [...document.querySelectorAll('circle.point:hover')]"
-        ".map((c) => c.querySelector('title').textContent)"
+        f"(t) => [...({BOX})(t).querySelectorAll('.u-legend .u-series .u-label')]"
+        ".slice(1).map((e) => e.textContent.trim())",
+        metric,
     )
     return found
+
+
+def at(page: Any, metric: str, x: float, y_fraction: float = 0.5) -> tuple[float, float]:
+    """Where on the screen `metric`'s chart plots x (at this height of the plot)."""
+    found: list[float] = page.evaluate(
+        f"([t, x, f]) => {{ const b = ({BOX})(t); b.scrollIntoView({{block: 'center'}});"
+        " const u = b.uplot; const r = u.over.getBoundingClientRect();"
+        " return [r.left + u.valToPos(x, 'x'), r.top + r.height * f]; }",
+        [metric, x, y_fraction],
+    )
+    return found[0], found[1]
+
+
+def hovered(page: Any, metric: str, x: float) -> list[str]:
+    """The tooltip's lines with the mouse over x on `metric`'s chart."""
+    page.mouse.move(*at(page, metric, x))
+    tip = page.evaluate(
+        f"(t) => {{ const e = ({BOX})(t).querySelector('.chart-tooltip');"
+        " return e.style.display === 'none' ? '' : e.textContent; }",
+        metric,
+    )
+    return str(tip).splitlines()
+
+
+def x_scale(page: Any, metric: str) -> tuple[float, float]:
+    found: list[float] = page.evaluate(
+        f"(t) => {{ const s = ({BOX})(t).uplot.scales.x; return [s.min, s.max]; }}", metric
+    )
+    return found[0], found[1]
+
+
+def charts_on_a_run_page(w: Watched, service: Service, world: World) -> None:
+    """Hover a point and read its value, zoom by dragging and back, a log scale, step on x."""
+    page = w.page
+    page.goto(f"{service.url}/runs/{world.reference}")
+    page.wait_for_selector("figure.chart-box[data-drawn] canvas")
+    assert page.locator("figure.chart-box svg.chart").first.is_hidden()  # drawn again
+    # dashboard_world: loss 0.7 - epoch/50 over epochs 1-3, steps 4, 8, 12.
+    assert hovered(page, "loss", 2) == ["epoch 2", f"run {world.reference}: 0.66"]
+    page.mouse.move(*at(page, "loss", 1.2))
+    page.mouse.down()
+    page.mouse.move(*at(page, "loss", 2.2), steps=5)
+    page.mouse.up()
+    low, high = x_scale(page, "loss")
+    assert 1.1 < low < 1.3 and 2.1 < high < 2.3, (low, high)
+    box = page.locator("figure.chart-box").first
+    box.locator("button.chart-reset").click()
+    assert x_scale(page, "loss") == (1, 3)
+    box.locator("input.chart-log").check()
+    assert box.get_attribute("data-drawn") == "epoch log"
+    assert page.evaluate(f"(t) => ({BOX})(t).uplot.scales.y.distr", "loss") == 3
+    box.locator("select.chart-x").select_option("step")
+    assert box.get_attribute("data-drawn") == "step log"
+    assert x_scale(page, "loss") == (4, 12)
+    assert hovered(page, "loss", 8) == ["step 8", f"run {world.reference}: 0.66"]
+    w.shot("run-page-charts")
 
 
 def walk(w: Watched, service: Service, world: World, third: int) -> None:
@@ -99,8 +152,9 @@ def walk(w: Watched, service: Service, world: World, third: int) -> None:
     for metric in ("loss", "accuracy"):
         assert sorted(chart_legend(page, metric)) == sorted(f"run {r}" for r in ticked)
     # The diverged run's loss is 0.01 above the others' (which lie on one another).
-    value = f"run {world.diverged} · epoch 2 · loss 0.67"
-    assert hovered_value(page, "loss", value) == [value]
+    shown = hovered(page, "loss", 2)
+    assert shown[0] == "epoch 2" and f"run {world.diverged}: 0.67" in shown, shown
+    assert f"run {world.reference}: 0.66" in shown
 
     # Every succeeded run of the experiment, from its page.
     page.goto(f"{service.url}/experiments/{world.experiment}")
@@ -116,6 +170,7 @@ def walk(w: Watched, service: Service, world: World, third: int) -> None:
     # One environment field differs, the second identical rerun's numpy.
     fields = page.locator("table.environment-diff td.field").all_inner_texts()
     assert fields == ["libraries.numpy"]
+    charts_on_a_run_page(w, service, world)
     assert w.problems == []
 
 

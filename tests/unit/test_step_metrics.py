@@ -15,9 +15,9 @@ def test_buckets_keep_any_run_within_the_bound() -> None:
     assert step_bucket_size(40) == 1
     assert step_bucket_size(MAX_STEP_POINTS) == 1
     assert step_bucket_size(MAX_STEP_POINTS + 1) == 2
-    total = 123_457
-    bucket = step_bucket_size(total)
-    assert len({s // bucket for s in range(1, total + 1)}) <= MAX_STEP_POINTS
+    for total in (999, 1000, 1001, 3000, 123_457):  # a job's steps 1..total, bucket (s-1)//k
+        bucket = step_bucket_size(total)
+        assert len({(s - 1) // bucket for s in range(1, total + 1)}) <= MAX_STEP_POINTS
 
 
 def test_a_scripts_step_metrics_are_one_row_a_step_thinned_to_the_bound() -> None:

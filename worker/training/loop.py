@@ -397,7 +397,8 @@ class _Training:
         for callback in self.callbacks:
             callback.on_train_batch_end(batch_in_epoch - 1, {"step": step, "epoch": epoch})
         rows = self.out.step_metrics
-        if not rows or step // self.step_bucket > rows[-1]["step"] // self.step_bucket:
+        bucket = (step - 1) // self.step_bucket  # steps 1..T: at most MAX_STEP_POINTS buckets
+        if not rows or bucket > (rows[-1]["step"] - 1) // self.step_bucket:
             value = float(loss)
             if math.isfinite(value):  # a curve has no point for a NaN; the epoch row says so
                 rows.append({"epoch": epoch, "step": step, "loss": value})

@@ -1,0 +1,180 @@
+// Interactive line charts: every <figure class="chart-box" data-chart="..."> the server
+// drew as SVG is drawn again with uPlot (vendored, static/uPlot.iife.min.js): axes with
+// ticks, the legend under the plot with each series' value at the cursor, a tooltip at the
+// cursor, drag to zoom on x (double-click or "reset zoom" to undo), a log y scale, smoothing,
+// and epoch or step on x where the data have both. Without script the SVG stays.
+(function () {
+  "use strict";
+  var PALETTE = ["#1f4e96", "#c2410c", "#15803d", "#7e22ce", "#0e7490",
+                 "#a16207", "#be123c", "#4d7c0f", "#475569", "#9333ea"];
+  var DASHES = [null, [7, 4], [2, 3], [10, 3, 2, 3], [4, 2], [1, 4]];
+
+  function fmt(v) {
+    if (v == null || !isFinite(v)) return "—";
+    var a = Math.abs(v);
+    return a !== 0 && (a < 1e-3 || a >= 1e6) ? v.toExponential(3) : String(+v.toPrecision(6));
+  }
+
+  // Exponential moving average over the values present (nulls stay null).
+  function smooth(ys, weight) {
+    if (!weight) return ys;
+    var out = [], last = null;
+    for (var i = 0; i < ys.length; i++) {
+      if (ys[i] == null) { out.push(null); continue; }
+      last = last == null ? ys[i] : last * weight + ys[i] * (1 - weight);
+      out.push(last);
+    }
+    return out;
+  }
+
+  function tooltipPlugin(box, xName) {
+    var tip;
+    return {
+      hooks: {
+        init: function (u) {
+          tip = document.createElement("div");
+          tip.className = "chart-tooltip";
+          tip.style.display = "none";
+          u.over.appendChild(tip);
+        },
+        setCursor: function (u) {
+          var idx = u.cursor.idx;
+          if (idx == null || u.cursor.left < 0) { tip.style.display = "none"; return; }
+          var lines = [xName() + " " + fmt(u.data[0][idx])];
+          for (var i = 1; i < u.series.length; i++) {
+            var v = u.data[i][idx];
+            if (v != null && u.series[i].show) lines.push(u.series[i].label + ": " + fmt(v));
+          }
+          tip.textContent = lines.join("\n");
+          tip.style.display = "block";
+          var left = u.cursor.left + 12, top = u.cursor.top + 12;
+          if (left + tip.offsetWidth > u.over.clientWidth) left = u.cursor.left - tip.offsetWidth - 12;
+          if (top + tip.offsetHeight > u.over.clientHeight) top = u.cursor.top - tip.offsetHeight - 12;
+          tip.style.left = Math.max(0, left) + "px";
+          tip.style.top = Math.max(0, top) + "px";
+          box.setAttribute("data-hover", tip.textContent);
+        },
+      },
+    };
+  }
+
+  function draw(box) {
+    var spec;
+    try { spec = JSON.parse(box.getAttribute("data-chart")); } catch (e) { return; }
+    if (!spec || !spec.series || !spec.series.length || typeof uPlot === "undefined") return;
+    var state = { x: spec.xs[0], log: false, smooth: 0 };
+    var positive = spec.series.every(function (s) { return s.y.every(function (v) { return v > 0; }); });
+
+    var controls = document.createElement("div");
+    controls.className = "chart-controls";
+    var target = document.createElement("div");
+    target.className = "chart-plot";
+    var svg = box.querySelector("svg.chart");
+    if (svg) svg.style.display = "none";
+    box.appendChild(controls);
+    box.appendChild(target);
+
+    function control(label, element) {
+      var wrap = document.createElement("label");
+      wrap.appendChild(document.createTextNode(label + " "));
+      wrap.appendChild(element);
+      controls.appendChild(wrap);
+      return element;
+    }
+    if (spec.xs.length > 1) {
+      var xSelect = document.createElement("select");
+      xSelect.className = "chart-x";
+      spec.xs.forEach(function (name) {
+        var o = document.createElement("option");
+        o.value = o.textContent = name;
+        xSelect.appendChild(o);
+      });
+      control("x", xSelect).addEventListener("change", function () { state.x = xSelect.value; render(); });
+    }
+    var logBox = document.createElement("input");
+    logBox.type = "checkbox";
+    logBox.className = "chart-log";
+    if (!positive) { logBox.disabled = true; logBox.title = "a log scale needs values above 0"; }
+    control("log y", logBox).addEventListener("change", function () { state.log = logBox.checked; render(); });
+    var smoothSelect = document.createElement("select");
+    smoothSelect.className = "chart-smooth";
+    [["none", 0], ["0.6", 0.6], ["0.9", 0.9]].forEach(function (p) {
+      var o = document.createElement("option");
+      o.value = String(p[1]);
+      o.textContent = p[0];
+      smoothSelect.appendChild(o);
+    });
+    control("smoothing", smoothSelect).addEventListener("change", function () {
+      state.smooth = +smoothSelect.value; render();
+    });
+    var reset = document.createElement("button");
+    reset.type = "button";
+    reset.className = "chart-reset";
+    reset.textContent = "reset zoom";
+    controls.appendChild(reset);
+
+    var plot = null;
+    function render() {
+      if (plot) plot.destroy();
+      var tables = spec.series.map(function (s) {
+        var xs = s.x[state.x] || [];
+        var pairs = xs.map(function (x, i) { return [x, s.y[i]]; })
+          .sort(function (a, b) { return a[0] - b[0]; });
+        return [pairs.map(function (p) { return p[0]; }), smooth(pairs.map(function (p) { return p[1]; }), state.smooth)];
+      });
+      var data = uPlot.join(tables);
+      var series = [{ label: state.x, value: function (u, v) { return fmt(v); } }];
+      spec.series.forEach(function (s, i) {
+        var dash = DASHES[i % DASHES.length] || (s.dashed ? [5, 3] : null);
+        series.push({
+          label: s.label,
+          stroke: PALETTE[i % PALETTE.length],
+          width: 2,
+          dash: dash || undefined,
+          spanGaps: true,
+          points: { show: data[0].length <= 60, size: 5 },
+          value: function (u, v) { return fmt(v); },
+        });
+      });
+      var width = Math.max(280, Math.min(box.clientWidth || 520, 640));
+      plot = new uPlot({
+        title: spec.title,
+        width: width,
+        height: 240,
+        scales: { x: { time: false }, y: state.log ? { distr: 3, log: 10 } : {} },
+        axes: [
+          { label: state.x, size: 40 },
+          { size: 64, values: function (u, ticks) { return ticks.map(fmt); } },
+        ],
+        series: series,
+        cursor: { drag: { x: true, y: false }, focus: { prox: 24 } },
+        legend: { live: true },
+        focus: { alpha: 0.35 },
+        plugins: [tooltipPlugin(box, function () { return state.x; })],
+        hooks: {
+          setScale: [function (u, key) {
+            if (key !== "x") return;
+            box.setAttribute("data-x-min", String(u.scales.x.min));
+            box.setAttribute("data-x-max", String(u.scales.x.max));
+          }],
+        },
+      }, data, target);
+      box.uplot = plot; // for the page's tests: positions of values, the scales
+      box.setAttribute("data-drawn", state.x + (state.log ? " log" : ""));
+    }
+    reset.addEventListener("click", function () {
+      if (!plot) return;
+      var xs = plot.data[0];
+      plot.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
+    });
+    render();
+  }
+
+  function drawAll(root) {
+    var boxes = (root || document).querySelectorAll("figure.chart-box[data-chart]:not([data-drawn])");
+    for (var i = 0; i < boxes.length; i++) draw(boxes[i]);
+  }
+  document.addEventListener("DOMContentLoaded", function () { drawAll(document); });
+  // The run page swaps its content in when the run's state changes: draw what came in.
+  document.addEventListener("htmx:afterSwap", function (e) { drawAll(e.target); });
+})();
