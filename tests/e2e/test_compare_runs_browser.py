@@ -1,8 +1,10 @@
 """N-way comparison in Debian's Chromium against `repro serve`: tick three runs on the runs
 list and press "Compare selected", read the verdict matrix and the legend, hover a curve
 point for its value; then "Compare all" on an experiment page brings every succeeded run of
-it. On a run page, a chart's tooltip, drag to zoom and reset, log scale, and step on x. A
-failure is screenshotted into REPRO_LAYOUT_SHOTS (or the test's temporary directory).
+it. On a run page, a chart's tooltip, drag to zoom and reset, log scale, and step on x.
+Then a search by parameter and metric, a run named and tagged from its page and found by its
+tag, a run archived and found only under "archived". A failure is screenshotted into
+REPRO_LAYOUT_SHOTS (or the test's temporary directory).
 
 The runs are the dashboard world's (reference, identical and diverged reruns, a failed and
 a running one) plus a second identical rerun, stored as completion stores them.
@@ -132,6 +134,83 @@ def charts_on_a_run_page(w: Watched, service: Service, world: World) -> None:
     w.shot("run-page-charts")
 
 
+def lr_runs(data_dir: Path) -> dict[str, int]:
+    """Runs of specs with learning rates 0.003 (3 epochs: accuracy 0.575; 1 epoch: 0.525;
+    and one that failed, without metrics) and 0.01, stored as completion stores them."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from service.config import Settings
+    from service.persistence.engine import make_engine
+    from service.persistence.models import Worker
+    from service.runs.experiments import create_experiment
+    from tests.integration import dashboard_world
+    from worker.spec import ExperimentSpec
+
+    settings = Settings(data_dir=data_dir)
+    engine = make_engine(settings.resolved_database_url)
+    made = {}
+    try:
+        with Session(engine) as db:
+            worker = db.scalars(select(Worker)).first()
+            for key, lr, epochs in (("long", 0.003, 3), ("short", 0.003, 1), ("fast", 0.01, 3),
+                                    ("broken", 0.003, 2)):  # fmt: skip
+                doc = dashboard_world.spec_doc(name=f"lr-{key}", epochs=epochs)
+                doc["training"]["optimizer"]["params"]["learning_rate"] = lr
+                spec = ExperimentSpec.model_validate(doc)
+                _, run, _ = create_experiment(db=db, spec=spec, settings=settings)
+                if key == "broken":
+                    run.status = "failed"
+                else:
+                    dashboard_world.finish(db, run, worker, epochs=epochs)
+                db.commit()
+                made[key] = run.id
+    finally:
+        engine.dispose()
+    return made
+
+
+def listed(page: Any) -> set[int]:
+    ids = page.eval_on_selector_all(
+        "table.runs tbody tr[id^=run-]", "(rows) => rows.map((r) => r.id)"
+    )
+    return {int(i.removeprefix("run-")) for i in ids}
+
+
+def label_search_and_archive(w: Watched, service: Service, runs: dict[str, int]) -> None:
+    """Search by a parameter and a metric, name and tag a run from its page, archive one."""
+    page = w.page
+    page.goto(f"{service.url}/")
+    query = "params.training.optimizer.params.learning_rate = 0.003 and metrics.accuracy > 0.5"
+    page.fill("input[name=search]", query)
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r".*search=params"))
+    assert listed(page) == {runs["long"], runs["short"]}
+
+    page.goto(f"{service.url}/runs/{runs['long']}")
+    page.locator("details.labels summary").click()
+    page.fill("form.labels input[name=name]", "baseline")
+    page.fill("form.labels input[name=tags]", "gold, lr-sweep")
+    page.locator("form.labels button[type=submit]").click()
+    page.wait_for_load_state()
+    assert page.locator("h1 .run-name, .run-name").first.inner_text() == "baseline"
+    page.locator("a.tag", has_text="gold").first.click()
+    page.wait_for_url(re.compile(r".*\?tag=gold"))
+    assert listed(page) == {runs["long"]}
+    assert "baseline" in page.locator(f"#run-{runs['long']}").inner_text()
+
+    page.goto(f"{service.url}/runs/{runs['fast']}")
+    page.get_by_role("button", name="Archive").click()
+    page.wait_for_load_state()
+    page.goto(f"{service.url}/")
+    assert runs["fast"] not in listed(page) and runs["long"] in listed(page)
+    page.select_option("select[name=archived]", "only")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r".*archived=only"))
+    assert listed(page) == {runs["fast"]}
+    w.shot("archived-runs")
+
+
 def walk(w: Watched, service: Service, world: World, third: int) -> None:
     page = w.page
     page.goto(f"{service.url}/login")
@@ -171,6 +250,7 @@ def walk(w: Watched, service: Service, world: World, third: int) -> None:
     fields = page.locator("table.environment-diff td.field").all_inner_texts()
     assert fields == ["libraries.numpy"]
     charts_on_a_run_page(w, service, world)
+    label_search_and_archive(w, service, lr_runs(service.data_dir))
     assert w.problems == []
 
 
