@@ -4,6 +4,7 @@ linking to the two-run page, the spec and environment fields that differ among t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
@@ -35,6 +36,33 @@ def overlaid(curves: Mapping[str, Sequence[Any]]) -> list[charts.Chart]:
     return [d for d in drawn if d is not None]
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def scatter(found: ManyRunsComparison) -> dict[str, Any] | None:
+    """What the parameters-against-metrics chart draws: the numeric spec fields that differ
+    (a seed by its first number) and each run's final value of each metric; None when no
+    numeric field differs or nothing was measured."""
+    params: dict[str, list[float | None]] = {}
+    for d in found.spec_diff:
+        values = [v[0] if d.field == "seed" and isinstance(v, list) and v else v for v in d.values]
+        numbers = [_number(v) for v in values]
+        if all(n is not None or v is None for n, v in zip(numbers, values, strict=True)) and any(
+            n is not None for n in numbers
+        ):
+            params[d.field] = numbers
+    final: dict[str, list[float | None]] = {}
+    for name, per_run in found.curves.items():
+        last = {c.run: c.points[-1][1] for c in per_run if c.points}
+        final[name] = [_number(last.get(run)) for run in found.runs]
+    if not params or not final:
+        return None
+    return {"runs": found.runs, "params": params, "metrics": final}
+
+
 @router.get("/compare/runs", response_class=HTMLResponse)
 def compare_runs_page(
     request: Request,
@@ -53,4 +81,5 @@ def compare_runs_page(
         found=found,
         matrix=matrix(found),
         curves=overlaid(found.curves),
+        scatter=scatter(found),
     )

@@ -2,9 +2,9 @@
 list and press "Compare selected", read the verdict matrix and the legend, hover a curve
 point for its value; then "Compare all" on an experiment page brings every succeeded run of
 it. On a run page, a chart's tooltip, drag to zoom and reset, log scale, and step on x.
-Then a search by parameter and metric, a run named and tagged from its page and found by its
-tag, a run archived and found only under "archived". A failure is screenshotted into
-REPRO_LAYOUT_SHOTS (or the test's temporary directory).
+Then parameters against final metrics, a search by parameter and metric, a run named and
+tagged from its page and found by its tag, a run archived and found only under "archived".
+A failure is screenshotted into REPRO_LAYOUT_SHOTS (or the test's temporary directory).
 
 The runs are the dashboard world's (reference, identical and diverged reruns, a failed and
 a running one) plus a second identical rerun, stored as completion stores them.
@@ -211,6 +211,38 @@ def label_search_and_archive(w: Watched, service: Service, runs: dict[str, int])
     w.shot("archived-runs")
 
 
+def scatter_of_params(w: Watched, service: Service, runs: dict[str, int]) -> None:
+    """Three runs whose learning rates and epochs differ: their final accuracy against the
+    learning rate, one point a run, read by hovering."""
+    page = w.page
+    ids = "&".join(f"runs={runs[k]}" for k in ("long", "short", "fast"))
+    page.goto(f"{service.url}/compare/runs?{ids}")
+    box = page.locator("figure.scatter-box[data-drawn]")
+    box.wait_for()
+    lr = "training.optimizer.params.learning_rate"
+    options = box.locator("select.scatter-x option").all_inner_texts()
+    assert options == ["training.epochs", lr], options
+    box.locator("select.scatter-x").select_option(lr)
+    box.locator("select.scatter-y").select_option("accuracy")
+    assert box.get_attribute("data-drawn") == f"{lr} accuracy"
+
+    def hover(x: float) -> list[str]:
+        spot = page.evaluate(
+            "(x) => { const b = document.querySelector('figure.scatter-box');"
+            " b.scrollIntoView({block: 'center'}); const u = b.uplot;"
+            " const r = u.over.getBoundingClientRect();"
+            " return [r.left + Math.min(u.valToPos(x, 'x'), r.width - 2), r.top + r.height / 2]; }",
+            x,
+        )
+        page.mouse.move(*spot)
+        return str(box.locator(".chart-tooltip").text_content()).splitlines()
+
+    assert hover(0.01) == [f"{lr} 0.01", f"run {runs['fast']}: 0.575"]
+    at_low = sorted(hover(0.003)[1:])
+    assert at_low == sorted([f"run {runs['long']}: 0.575", f"run {runs['short']}: 0.525"])
+    w.shot("compare-scatter")
+
+
 def walk(w: Watched, service: Service, world: World, third: int) -> None:
     page = w.page
     page.goto(f"{service.url}/login")
@@ -250,7 +282,9 @@ def walk(w: Watched, service: Service, world: World, third: int) -> None:
     fields = page.locator("table.environment-diff td.field").all_inner_texts()
     assert fields == ["libraries.numpy"]
     charts_on_a_run_page(w, service, world)
-    label_search_and_archive(w, service, lr_runs(service.data_dir))
+    runs = lr_runs(service.data_dir)
+    scatter_of_params(w, service, runs)
+    label_search_and_archive(w, service, runs)
     assert w.problems == []
 
 

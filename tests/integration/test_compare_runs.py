@@ -84,6 +84,7 @@ def test_the_page_shows_every_pair_only_differing_fields_and_hoverable_curves(
     assert page.text.count("not comparable") == 6
     # One spec, one environment: no field differs.
     assert 'class="none spec-same"' in page.text
+    assert "scatter-box" not in page.text  # no parameter differs: nothing to plot against
     # One chart per metric, a line and a legend entry per finished run, a value per point.
     assert page.text.count('<svg class="chart"') == 2
     assert page.text.count('class="legend-entry"') == 2 * 3

@@ -2,7 +2,8 @@
 // drew as SVG is drawn again with uPlot (vendored, static/uPlot.iife.min.js): axes with
 // ticks, the legend under the plot with each series' value at the cursor, a tooltip at the
 // cursor, drag to zoom on x (double-click or "reset zoom" to undo), a log y scale, smoothing,
-// and epoch or step on x where the data have both. Without script the SVG stays.
+// and epoch or step on x where the data have both. Without script the SVG stays. Also the
+// N-way compare page's parameters against final metrics (figure.scatter-box).
 (function () {
   "use strict";
   var PALETTE = ["#1f4e96", "#c2410c", "#15803d", "#7e22ce", "#0e7490",
@@ -170,9 +171,90 @@
     render();
   }
 
+  function select(name, options, onChange) {
+    var el = document.createElement("select");
+    el.className = name;
+    options.forEach(function (value) {
+      var o = document.createElement("option");
+      o.value = o.textContent = value;
+      el.appendChild(o);
+    });
+    el.addEventListener("change", onChange);
+    return el;
+  }
+
+  // Parameters against final metrics: one point a run, the field on x and the metric on y
+  // picked from the differing numeric spec fields and the recorded metrics.
+  function drawScatter(box) {
+    var spec;
+    try { spec = JSON.parse(box.getAttribute("data-scatter")); } catch (e) { return; }
+    if (!spec || typeof uPlot === "undefined") return;
+    var params = Object.keys(spec.params), metrics = Object.keys(spec.metrics);
+    var state = { x: params[0], y: metrics.indexOf("loss") >= 0 ? "loss" : metrics[0], log: false };
+    box.textContent = "";
+    var controls = document.createElement("div");
+    controls.className = "chart-controls";
+    var target = document.createElement("div");
+    target.className = "chart-plot";
+    box.appendChild(controls);
+    box.appendChild(target);
+    function labelled(text, el) {
+      var wrap = document.createElement("label");
+      wrap.appendChild(document.createTextNode(text + " "));
+      wrap.appendChild(el);
+      controls.appendChild(wrap);
+      return el;
+    }
+    var xs = labelled("x", select("scatter-x", params, function () { state.x = xs.value; render(); }));
+    var ys = labelled("y", select("scatter-y", metrics, function () { state.y = ys.value; render(); }));
+    ys.value = state.y;
+    var logBox = document.createElement("input");
+    logBox.type = "checkbox";
+    logBox.className = "chart-log";
+    labelled("log x", logBox).addEventListener("change", function () { state.log = logBox.checked; render(); });
+    var plot = null;
+    function render() {
+      if (plot) plot.destroy();
+      var px = spec.params[state.x], py = spec.metrics[state.y];
+      var usable = px.every(function (v) { return v == null || v > 0; });
+      logBox.disabled = !usable;
+      var tables = [], series = [{ label: state.x, value: function (u, v) { return fmt(v); } }];
+      spec.runs.forEach(function (run, i) {
+        if (px[i] == null || py[i] == null) return;
+        tables.push([[px[i]], [py[i]]]);
+        var colour = PALETTE[i % PALETTE.length];
+        series.push({
+          label: "run " + run, stroke: colour, fill: colour, paths: function () { return null; },
+          points: { show: true, size: 10, fill: colour }, value: function (u, v) { return fmt(v); },
+        });
+      });
+      if (!tables.length) { target.textContent = "No run has both values."; return; }
+      var width = Math.max(280, Math.min(box.clientWidth || 560, 720));
+      plot = new uPlot({
+        title: state.y + " against " + state.x,
+        width: width,
+        height: 280,
+        scales: { x: state.log && usable ? { time: false, distr: 3, log: 10 } : { time: false } },
+        axes: [
+          { label: state.x, size: 40, values: function (u, t) { return t.map(fmt); } },
+          { label: state.y, size: 70, values: function (u, t) { return t.map(fmt); } },
+        ],
+        series: series,
+        cursor: { drag: { x: true, y: false }, focus: { prox: 24 } },
+        legend: { live: true },
+        plugins: [tooltipPlugin(box, function () { return state.x; })],
+      }, uPlot.join(tables), target);
+      box.uplot = plot;
+      box.setAttribute("data-drawn", state.x + " " + state.y);
+    }
+    render();
+  }
+
   function drawAll(root) {
     var boxes = (root || document).querySelectorAll("figure.chart-box[data-chart]:not([data-drawn])");
     for (var i = 0; i < boxes.length; i++) draw(boxes[i]);
+    var scatters = (root || document).querySelectorAll("figure.scatter-box[data-scatter]:not([data-drawn])");
+    for (var j = 0; j < scatters.length; j++) drawScatter(scatters[j]);
   }
   document.addEventListener("DOMContentLoaded", function () { drawAll(document); });
   // The run page swaps its content in when the run's state changes: draw what came in.
