@@ -33,6 +33,7 @@ def dashboard_router() -> APIRouter:
         log_view,
         login,
         models_page,
+        projects_page,
         run_page,
         runs_page,
         workers_page,
@@ -41,7 +42,7 @@ def dashboard_router() -> APIRouter:
     router = APIRouter(include_in_schema=False)
     for page in (login, runs_page, run_page, compare_page, compare_runs_page, experiment_page,
                  certificate_page, audits_page, workers_page, experiments_page,
-                 datasets_page, models_page, log_view):  # fmt: skip
+                 datasets_page, models_page, log_view, projects_page):  # fmt: skip
         router.include_router(page.router)
     return router
 

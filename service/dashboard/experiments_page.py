@@ -36,7 +36,7 @@ class ExperimentRow:
     verdicts: Counter[str] = field(default_factory=Counter)
 
 
-def _like(text: str) -> str:
+def contains_pattern(text: str) -> str:
     """`text` as a LIKE pattern matching it anywhere, its wildcards taken literally."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
@@ -83,7 +83,7 @@ def experiments_page(
     name = name.strip()
     query = select(Experiment).options(defer(Experiment.spec))
     if name:
-        query = query.where(Experiment.name.ilike(_like(name), escape="\\"))
+        query = query.where(Experiment.name.ilike(contains_pattern(name), escape="\\"))
     found = id_page(db, query, Experiment.id, limit=PAGE_SIZE, before=before, after=after)
     return render(
         request,

@@ -37,7 +37,7 @@ class Experiment(Base):
     __tablename__ = "experiments"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(200), index=True)  # its project (/projects)
     spec: Mapped[dict[str, Any]]  # the spec with its seed resolved
     spec_hash: Mapped[str] = mapped_column(String(80), index=True)
     submitted_spec_hash: Mapped[str] = mapped_column(String(80))

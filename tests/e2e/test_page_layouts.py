@@ -129,6 +129,7 @@ PAGES = [
     Page("compare 10 runs", lambda w: f"/compare/runs?runs={w.runs(10)}", 6_000),
     # One model definition: one window.
     Page("models list", lambda w: "/models", 2_000),
+    Page("projects list", lambda w: "/projects", 2_000),
     # ResNet-20: its layer table, one row for each of its 70-odd layers.
     Page("model page", lambda w: f"/models/{w.model}", 6_000),
 ]  # fmt: skip
