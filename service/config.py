@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     # Metric names per run whose final values are kept for sorting the runs page (one row
     # each); a result naming more keeps them all in its metrics, sortable by the first ones.
     max_sortable_metrics: int = Field(default=64, ge=1, le=10_000)
+    # Days an archived run keeps its files (checkpoints, model, log) before `repro admin
+    # collect` removes them; a family's reference keeps them while its reruns are not archived.
+    archive_retention_days: float = Field(default=30, ge=0, le=36_500)
     # A job's log (its stderr, and a script's stdout) kept per attempt: past it the oldest
     # pieces go, so the end of the log, where errors are, stays.
     max_log_bytes: int = Field(default=1024**2, ge=4096)

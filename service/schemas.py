@@ -96,6 +96,8 @@ class RunOut(BaseModel):
     tags: list[str] | None = None
     # When the run was archived (POST /runs/{id}/archive); lists leave it out unless asked.
     archived_at: UtcDatetime | None
+    # When retention removed its files, archived past REPRO_ARCHIVE_RETENTION_DAYS.
+    files_collected_at: UtcDatetime | None = None
 
 
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,63}$"
@@ -499,6 +501,25 @@ class RunArtifact(ArtifactOut):
 
     download_url: str
     created_at: UtcDatetime
+
+
+class KeptRun(BaseModel):
+    run: int
+    why: str
+
+
+class CollectionOut(BaseModel):
+    """What `POST /admin/collect` removed (with `dry_run`, would remove): the files of runs
+    archived before `cutoff`, and the archived runs whose files stay, with why."""
+
+    dry_run: bool
+    retention_days: float
+    cutoff: UtcDatetime
+    runs: list[int]
+    files: int
+    bytes: int
+    kept: list[KeptRun]
+    more: bool = Field(description="more runs are due than one call looks at: call again")
 
 
 class RunLogOut(BaseModel):

@@ -17,6 +17,7 @@ from service.cli.output import (
     api_error_exit,
     emit_json,
     err,
+    human_size,
     out,
     repro_client,
 )
@@ -144,7 +145,45 @@ def audit(
     out.print(table)
 
 
+def collect(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would go")] = False,
+    days: Annotated[
+        float | None,
+        typer.Option(min=0, help="the retention in days (default: the server's setting)"),
+    ] = None,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove the files (checkpoints, model, job log) of runs archived longer than the
+    retention, keeping their records (admins). A family's reference keeps its files while a
+    rerun of it is not archived. Run it daily, from cron or a scheduled job."""
+    from reprotrain import ApiError
+
+    try:
+        found = repro_client(api, token, token_file).collect_archived(
+            dry_run=dry_run, retention_days=days
+        )
+    except ApiError as exc:
+        raise api_error_exit(exc) from None
+    if as_json:
+        emit_json(found)
+        return
+    verb = "would remove" if dry_run else "removed"
+    runs = ", ".join(str(r) for r in found["runs"]) or "none"
+    typer.echo(
+        f"{verb} {found['files']} files ({human_size(found['bytes'])}) of runs archived before "
+        f"{found['cutoff']} ({found['retention_days']:g} days): {runs}"
+    )
+    for kept in found["kept"]:
+        typer.echo(f"kept run {kept['run']}: {kept['why']}")
+    if found["more"]:
+        typer.echo("more runs are due: run it again")
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
     app.add_typer(token_app, name="token")
     app.command(cls=Command)(audit)
+    app.command(cls=Command)(collect)

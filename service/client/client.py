@@ -498,6 +498,17 @@ class Client:
         """A reproducibility audit: its copies and whether they all agree."""
         return Audit.from_api(self._http.json("GET", f"/repro-audits/{audit_id}"))
 
+    def collect_archived(
+        self, *, dry_run: bool = False, retention_days: float | None = None
+    ) -> dict[str, Any]:
+        """Remove the files of runs archived longer than the retention (admins); with
+        `dry_run`, only say which. The answer of `POST /admin/collect`."""
+        params: dict[str, Any] = {"dry_run": dry_run}
+        if retention_days is not None:
+            params["retention_days"] = retention_days
+        answer: dict[str, Any] = self._http.json("POST", "/admin/collect", params=params)
+        return answer
+
     def audit_log(self, *, action: str | None = None, limit: int = 100) -> AuditLogPage:
         """Who submitted, reran, cancelled or created tokens, newest first (admins)."""
         return audit_log(self._http, action=action, limit=limit)

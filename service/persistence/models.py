@@ -209,6 +209,8 @@ class Run(Base):
     tags: Mapped[list[str] | None] = mapped_column(JSON)
     # When the run was archived (None: it is not): lists leave it out unless asked.
     archived_at: Mapped[datetime | None]
+    # When retention removed its files (checkpoints, model, log); its record stays.
+    files_collected_at: Mapped[datetime | None]
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(

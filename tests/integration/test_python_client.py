@@ -221,3 +221,14 @@ def test_runs_lists_by_filter_and_cancel_stops_a_run(service: Service, tmp_path:
     assert run_id not in [r["id"] for r in json.loads(gone.stdout)["items"]]
     kept = repro("runs", "--archived", "true", "--json", *api)
     assert [r["id"] for r in json.loads(kept.stdout)["items"]] == [run_id]
+
+
+def test_repro_collect_says_what_it_would_remove_and_refuses_non_admins(service: Service) -> None:
+    api = ("--api", service.url)
+    dry = repro("collect", "--dry-run", *api, "--token", service.admin_token, timeout=60)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert dry.stdout.startswith("would remove 0 files (0 B) of runs archived before ")
+    assert "(30 days): none" in dry.stdout
+    viewer = service.token("viewer", "not-an-admin")
+    refused = repro("collect", *api, "--token", viewer, timeout=60)
+    assert refused.returncode == 2 and "error 403" in refused.stderr

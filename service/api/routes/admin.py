@@ -1,4 +1,4 @@
-"""Tokens and the audit log (admins only)."""
+"""Tokens, the audit log, and the collection of archived runs' files (admins only)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
-from service.api.deps import AdminAccess, IdPath, Offset, ReadSessionDep, SessionDep
+from service.api.deps import AdminAccess, IdPath, Offset, ReadSessionDep, SessionDep, SettingsDep
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.auth import tokens as auth
 from service.persistence.models import ApiToken, AuditEvent
-from service.schemas import AuditOut, Page, PlainText, TokenCreated, TokenIn, TokenOut
+from service.runs import retention
+from service.schemas import (
+    AuditOut,
+    CollectionOut,
+    KeptRun,
+    Page,
+    PlainText,
+    TokenCreated,
+    TokenIn,
+    TokenOut,
+)
 
 router = APIRouter(tags=["admin"], route_class=JsonRoute)
 
@@ -56,4 +66,31 @@ def audit_log(
     rows = db.scalars(query.order_by(AuditEvent.id.desc()).limit(limit).offset(offset))
     return Page(
         items=[AuditOut.model_validate(r) for r in rows], total=total, limit=limit, offset=offset
+    )
+
+
+@router.post("/admin/collect", response_model=CollectionOut, responses=errors(422))
+def collect(
+    db: SessionDep,
+    settings: SettingsDep,
+    admin: AdminAccess,
+    dry_run: bool = False,
+    retention_days: Annotated[float | None, Query(ge=0, le=36_500)] = None,
+) -> CollectionOut:
+    """Remove the files (checkpoints, model, job log) of runs archived longer than the
+    retention (`REPRO_ARCHIVE_RETENTION_DAYS`, or `retention_days`); their records stay. A
+    family's reference keeps its files while a rerun of it is not archived. Each run
+    collected is in the audit log (`run.collect`). Run it daily, e.g. `repro admin collect`
+    from a scheduled job."""
+    days = settings.archive_retention_days if retention_days is None else retention_days
+    found = retention.collect(db, retention_days=days, actor=admin, dry_run=dry_run)
+    return CollectionOut(
+        dry_run=dry_run,
+        retention_days=days,
+        cutoff=found.cutoff,
+        runs=found.runs,
+        files=found.files,
+        bytes=found.bytes,
+        kept=[KeptRun(run=r, why=w) for r, w in found.kept.items()],
+        more=found.more,
     )

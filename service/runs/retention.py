@@ -1,0 +1,127 @@
+"""Retention: an archived run's files (checkpoints, exported model, job log) are removed once
+it has been archived longer than `archive_retention_days`; its record (spec, provenance,
+trace, metrics, verdicts) stays, and so do the rows that say what its files were.
+
+The rules: a run is collected only when archived before the cutoff; the reference of a
+family keeps its files while a rerun of it is not archived (its verdict and any later rerun
+compare against them), as does the first run of a family while a rerun of it waits or
+trains; a stored file shared with another run's artifact stays (files are
+content-addressed). Every collection is in the audit log (`run.collect`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, exists, func, select
+from sqlalchemy.orm import Session, aliased
+
+from service.auth.tokens import Principal, audit
+from service.persistence.models import Artifact, Run, RunLogChunk, Verdict, utcnow
+from service.storage import artifacts
+
+BATCH = 500  # runs collected per call (and read per query): a larger backlog, later calls
+
+
+@dataclass
+class Collection:
+    """What a collection removed (or, in a dry run, would remove)."""
+
+    cutoff: datetime
+    runs: list[int] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+    kept: dict[int, str] = field(default_factory=dict)  # run -> why its files stay
+    more: bool = False  # more runs are due than one call collects
+
+
+def why_kept(db: Session, run: Run) -> str | None:
+    """Why an archived run's files must stay, or None."""
+    rerun = aliased(Run)
+    compared = db.scalars(
+        select(Verdict.run_id)
+        .join(rerun, rerun.id == Verdict.run_id)
+        .where(Verdict.reference_run_id == run.id, rerun.archived_at.is_(None))
+        .order_by(Verdict.run_id)
+        .limit(3)
+    ).all()
+    if compared:
+        listed = ", ".join(str(r) for r in compared)
+        return f"the reference of reruns not archived ({listed})"
+    waiting = db.scalar(
+        select(func.min(rerun.id)).where(
+            rerun.family_id == run.id, rerun.id != run.id, rerun.finished_at.is_(None)
+        )
+    )
+    if waiting is not None:
+        return f"the first run of its family, whose rerun {waiting} has not finished"
+    return None
+
+
+def collect(
+    db: Session,
+    *,
+    retention_days: float,
+    actor: Principal | None,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> Collection:
+    """Remove the files of runs archived before now minus the retention (see the module)."""
+    cutoff = (now or utcnow()) - timedelta(days=retention_days)
+    found = Collection(cutoff=cutoff)
+    has_files = exists().where(Artifact.run_id == Run.id) | exists().where(
+        RunLogChunk.run_id == Run.id
+    )
+    last = 0
+    while len(found.runs) < BATCH:
+        due = db.scalars(
+            select(Run)
+            .where(
+                Run.id > last,
+                Run.archived_at <= cutoff,
+                Run.files_collected_at.is_(None),
+                has_files,
+            )
+            .order_by(Run.id)
+            .limit(BATCH)
+        ).all()
+        if not due:
+            break
+        last = due[-1].id
+        _collect_some(db, due, found, actor=actor, dry_run=dry_run, limit=BATCH)
+    found.more = found.more or len(found.runs) >= BATCH
+    return found
+
+
+def _collect_some(
+    db: Session,
+    due: Sequence[Run],
+    found: Collection,
+    *,
+    actor: Principal | None,
+    dry_run: bool,
+    limit: int,
+) -> None:
+    for run in due:
+        if len(found.runs) >= limit:
+            found.more = True
+            return
+        reason = why_kept(db, run)
+        if reason is not None:
+            found.kept[run.id] = reason
+            continue
+        files = db.scalars(select(Artifact).where(Artifact.run_id == run.id)).all()
+        size = sum(a.size for a in files)
+        found.runs.append(run.id)
+        found.files += len(files)
+        found.bytes += size
+        if dry_run:
+            continue
+        db.execute(delete(RunLogChunk).where(RunLogChunk.run_id == run.id))
+        run.files_collected_at = utcnow()
+        details = {"files": len(files), "bytes": size, "archived_at": str(run.archived_at)}
+        audit(db=db, actor=actor, action="run.collect", target_type="run", target_id=run.id,
+              details=details)  # fmt: skip
+        artifacts.delete(db, files)  # the rows, and the stored files no other row names; commits
+        db.commit()
