@@ -9,6 +9,8 @@
   var PALETTE = ["#1f4e96", "#c2410c", "#15803d", "#7e22ce", "#0e7490",
                  "#a16207", "#be123c", "#4d7c0f", "#475569", "#9333ea"];
   var DASHES = [null, [7, 4], [2, 3], [10, 3, 2, 3], [4, 2], [1, 4]];
+  var WHOLE = [];
+  for (var e = 0; e < 10; e++) WHOLE.push(Math.pow(10, e), 2 * Math.pow(10, e), 5 * Math.pow(10, e));
 
   function fmt(v) {
     if (v == null || !isFinite(v)) return "—";
@@ -144,7 +146,7 @@
         height: 240,
         scales: { x: { time: false }, y: state.log ? { distr: 3, log: 10 } : {} },
         axes: [
-          { label: state.x, size: 40 },
+          { label: state.x, size: 40, incrs: WHOLE }, // epochs and steps are whole numbers
           { size: 64, values: function (u, ticks) { return ticks.map(fmt); } },
         ],
         series: series,
