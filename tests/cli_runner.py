@@ -20,8 +20,10 @@ def repro(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 300,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`repro ARGS` run to its end with the test jobs' environment, `env` laid over it.
+    """`repro ARGS` run to its end with the test jobs' environment, `env` laid over it, and
+    `input` on its stdin (none: the test's own).
 
     Never raises on a failing exit: callers assert on `returncode` and the captured output.
     """
@@ -33,4 +35,5 @@ def repro(
         text=True,
         timeout=timeout,
         check=False,
+        input=input,
     )

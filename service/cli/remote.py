@@ -669,6 +669,34 @@ def cancel(
     raise typer.Exit(1 if failed else 0)
 
 
+def delete(
+    run_ids: Annotated[list[int], typer.Argument(help="the runs to delete")],
+    yes: Annotated[bool, typer.Option("--yes", help="do not ask first")] = False,
+    api: ApiOption = DEFAULT_API,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Delete ended runs for good, records and files (admins). A run something refers to
+    (its reruns, verdicts against it) is refused: delete those first. To hide runs, use
+    `repro archive`. Exit 1 if any could not be deleted."""
+    from reprotrain import ApiError
+
+    listed = ", ".join(map(str, run_ids))
+    if not yes and not typer.confirm(f"delete runs {listed} for good?"):
+        raise typer.Exit(1)
+    client = repro_client(api, token, token_file)
+    failed = 0
+    for run_id in run_ids:
+        try:
+            client.delete_run(run_id)
+        except ApiError as exc:
+            failed += 1
+            err.print(f"[red]run {run_id}:[/red] {exc}", highlight=False)
+            continue
+        typer.echo(f"run {run_id} deleted")
+    raise typer.Exit(1 if failed else 0)
+
+
 def logs(
     run_id: Annotated[int, typer.Argument(help="the run")],
     follow: Annotated[
@@ -707,6 +735,7 @@ def logs(
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the application."""
-    commands = (submit, rerun, status, runs, logs, edit, archive, cancel, compare, audit_copies)
+    commands = (submit, rerun, status, runs, logs, edit, archive, delete, cancel, compare,
+                audit_copies)  # fmt: skip
     for command in commands:
         app.command(cls=Command)(command)

@@ -398,6 +398,11 @@ class Client:
         """Cancel a queued or running run."""
         return self._run(self._http.json("POST", f"/runs/{_id(run_id)}/cancel"))
 
+    def delete_run(self, run_id: RunRef) -> None:
+        """Delete an ended run for good (admins); refused (409) while its reruns, verdicts
+        against it, refinements or spot checks refer to it."""
+        self._http.json("DELETE", f"/runs/{_id(run_id)}")
+
     def log(self, run_id: RunRef, *, attempt: int | None = None, after: int = 0) -> RunLog:
         """The run's job log (the latest attempt unless named) from byte `after`."""
         params: dict[str, Any] = {"after": after}

@@ -6,7 +6,10 @@ The rules: a run is collected only when archived before the cutoff; the referenc
 family keeps its files while a rerun of it is not archived (its verdict and any later rerun
 compare against them), as does the first run of a family while a rerun of it waits or
 trains; a stored file shared with another run's artifact stays (files are
-content-addressed). Every collection is in the audit log (`run.collect`)."""
+content-addressed). Every collection is in the audit log (`run.collect`).
+
+An admin may also delete an ended run for good (`DELETE /runs/{id}`), record and all, once
+nothing refers to it (reruns, verdicts against it, refinements, spot checks)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,22 @@ from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
 from service.auth.tokens import Principal, audit
-from service.persistence.models import Artifact, Run, RunLogChunk, Verdict, utcnow
+from service.errors import Conflict
+from service.persistence.models import (
+    TERMINAL_STATUSES,
+    Artifact,
+    ComparisonRecord,
+    Refinement,
+    Run,
+    RunLogChunk,
+    RunMetric,
+    RunTag,
+    SpotCheck,
+    TracePointRow,
+    Verdict,
+    utcnow,
+)
+from service.runs.experiments import get_run
 from service.storage import artifacts
 
 BATCH = 500  # runs collected per call (and read per query): a larger backlog, later calls
@@ -125,3 +143,71 @@ def _collect_some(
               details=details)  # fmt: skip
         artifacts.delete(db, files)  # the rows, and the stored files no other row names; commits
         db.commit()
+
+
+def _referring(db: Session, run_id: int) -> list[str]:
+    """What still refers to the run, so deleting it would leave others without it."""
+    found = []
+    other = aliased(Run)
+    reruns = db.scalars(
+        select(other.id)
+        .where(
+            other.id != run_id,
+            (other.rerun_of_id == run_id)
+            | (other.family_id == run_id)
+            | (other.audit_id == run_id),
+        )
+        .order_by(other.id)
+        .limit(5)
+    ).all()
+    if reruns:
+        found.append(f"runs {', '.join(map(str, reruns))} are its reruns, copies or replays")
+    judged = db.scalars(
+        select(Verdict.run_id).where(Verdict.reference_run_id == run_id, Verdict.run_id != run_id)
+    ).all()
+    if judged:
+        found.append(f"the verdicts of runs {', '.join(map(str, judged[:5]))} are against it")
+    named = (Refinement.run_a_id == run_id) | (Refinement.run_b_id == run_id)
+    named |= (Refinement.refine_a_id == run_id) | (Refinement.refine_b_id == run_id)
+    if db.scalar(select(func.count(Refinement.id)).where(named)):
+        found.append("a refinement (per-step re-trace) names it")
+    if db.scalar(select(func.count(SpotCheck.id)).where(SpotCheck.run_id == run_id)):
+        found.append("it has spot checks")
+    return found
+
+
+def delete_run(db: Session, *, run_id: int, actor: Principal | None) -> None:
+    """Delete an ended run for good: its record, its files (those no other run shares) and
+    its log. Refused (Conflict) while anything refers to it: delete its reruns first, and
+    a family's reference last. Audit-logged (`run.delete`)."""
+    run = get_run(db, run_id)
+    if run.status not in TERMINAL_STATUSES:
+        raise Conflict(f"run {run_id} is {run.status}: cancel it or let it end first")
+    blockers = _referring(db, run.id)
+    if blockers:
+        raise Conflict(f"run {run_id} cannot be deleted: {'; '.join(blockers)}")
+    files = db.scalars(select(Artifact).where(Artifact.run_id == run.id)).all()
+    details = {
+        "experiment_id": run.experiment_id,
+        "status": run.status,
+        "final_fingerprint": run.final_fingerprint,
+        "files": len(files),
+    }
+    artifacts.delete(db, files)  # the rows, and the stored files no other row names; commits
+    for table, column in (
+        (RunLogChunk, RunLogChunk.run_id),
+        (TracePointRow, TracePointRow.run_id),
+        (Verdict, Verdict.run_id),
+        (RunTag, RunTag.run_id),
+        (RunMetric, RunMetric.run_id),
+    ):
+        db.execute(delete(table).where(column == run.id))
+    db.execute(
+        delete(ComparisonRecord).where(
+            (ComparisonRecord.run_a_id == run.id) | (ComparisonRecord.run_b_id == run.id)
+        )
+    )
+    db.execute(delete(Run).where(Run.id == run.id))
+    audit(db=db, actor=actor, action="run.delete", target_type="run", target_id=run_id,
+          details=details)  # fmt: skip
+    db.commit()

@@ -37,6 +37,9 @@ class AsgiBrowser:
     def patch(self, url: str, **kwargs: Any) -> httpx.Response:
         return self.request("PATCH", url, **kwargs)
 
+    def delete(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", url, **kwargs)
+
     def login(self, token: str) -> httpx.Response:
         """Fill in the login form with `token`; the answer (a 303 on success)."""
         form_token = hidden_value(self.get("/login").text, "form_token")

@@ -232,3 +232,12 @@ def test_repro_collect_says_what_it_would_remove_and_refuses_non_admins(service:
     viewer = service.token("viewer", "not-an-admin")
     refused = repro("collect", *api, "--token", viewer, timeout=60)
     assert refused.returncode == 2 and "error 403" in refused.stderr
+
+
+def test_repro_delete_asks_first_and_says_why_a_run_stays(service: Service) -> None:
+    api = ("--api", service.url, "--token", service.admin_token)
+    asked = repro("delete", "999999", *api, timeout=60, input="n\n")
+    assert asked.returncode == 1 and "delete runs 999999 for good?" in asked.stdout
+    missing = repro("delete", "999999", "--yes", *api, timeout=60)
+    assert missing.returncode == 1 and "run 999999:" in missing.stderr
+    assert "does not exist" in missing.stderr

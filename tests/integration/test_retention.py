@@ -128,3 +128,39 @@ def test_a_shared_file_stays_a_recent_archive_waits_and_only_admins_collect(
             "/api/v1/admin/collect", headers={"Authorization": f"Bearer {token}"}
         )
         assert refused.status_code == 403
+
+
+def test_an_admin_deletes_a_rerun_then_its_reference_and_nothing_else(
+    app: Any, world: World, browser: AsgiBrowser
+) -> None:
+    first = _experiment(app, lr=0.004, epochs=2, name="to-delete")
+    with app.state.sessionmaker() as db:
+        original = db.get(Run, first)
+        worker = db.scalars(select(Worker)).first()
+        assert original is not None and worker is not None
+        rerun = dashboard_world.rerun(db, original)
+        dashboard_world.finish(db, rerun, worker, epochs=2)
+        logs.append(db, run_id=rerun.id, attempt=1, offset=0, text="done\n", max_bytes=4096)
+        db.commit()
+        second = rerun.id
+    stored = _file(app, second, b"the rerun's only checkpoint")
+    admin = {"Authorization": f"Bearer {world.admin_token}"}
+    compared = browser.get(f"/api/v1/compare?a={first}&b={second}", headers=admin)
+    assert compared.status_code == 200  # a kept comparison report names both
+
+    refused = browser.delete(f"/api/v1/runs/{first}", headers=admin)
+    assert refused.status_code == 409
+    assert f"runs {second} are its reruns" in refused.text and "verdicts of runs" in refused.text
+    submitter = {"Authorization": f"Bearer {world.submitter_token}"}
+    assert browser.delete(f"/api/v1/runs/{second}", headers=submitter).status_code == 403
+    running = browser.delete(f"/api/v1/runs/{world.running}", headers=admin)
+    assert running.status_code == 409 and "let it end first" in running.text
+
+    assert browser.delete(f"/api/v1/runs/{second}", headers=admin).status_code == 204
+    assert browser.get(f"/api/v1/runs/{second}", headers=admin).status_code == 404
+    assert not stored.exists()
+    assert browser.delete(f"/api/v1/runs/{first}", headers=admin).status_code == 204
+    assert browser.get(f"/api/v1/runs/{first}", headers=admin).status_code == 404
+    assert browser.get(f"/api/v1/runs/{world.reference}", headers=admin).status_code == 200
+    events = browser.get("/api/v1/audit", params={"action": "run.delete"}, headers=admin)
+    assert [e["target_id"] for e in events.json()["items"]] == [first, second]

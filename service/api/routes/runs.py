@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.api import reads, run_pages
 from service.api.deps import (
+    AdminAccess,
     IdPath,
     Offset,
     PriorityQuery,
@@ -31,7 +32,7 @@ from service.api.views import run_detail, run_out, spot_check_out
 from service.config import Settings
 from service.errors import NotFound
 from service.persistence.models import RUN_STATUSES, TERMINAL_STATUSES
-from service.runs import by_hand, fair_share, labels
+from service.runs import by_hand, fair_share, labels, retention
 from service.runs import experiments as svc
 from service.runs import search as run_search
 from service.runs.events import RunWatcher
@@ -269,6 +270,16 @@ def archive(run_id: IdPath, db: SessionDep, principal: SubmitAccess) -> RunOut:
     """Archive an ended run: `GET /runs` and the dashboard leave it out unless asked
     (`archived=true`); nothing of it is removed. Audit-logged (`run.archive`)."""
     return run_out(db, labels.archive(db=db, run_id=run_id, archived=True, actor=principal))
+
+
+@router.delete("/{run_id}", status_code=204, responses=errors(404, 409, 422))
+def delete_run(run_id: IdPath, db: SessionDep, admin: AdminAccess) -> Response:
+    """Delete an ended run for good (admins): its record, its files no other run shares and
+    its log. 409 while anything refers to it (its reruns, verdicts against it, refinements,
+    spot checks): delete those first. Audit-logged (`run.delete`). To hide a run, archive
+    it instead; its files go after the retention."""
+    retention.delete_run(db, run_id=run_id, actor=admin)
+    return Response(status_code=204)
 
 
 @router.post("/{run_id}/unarchive", response_model=RunOut, responses=errors(404, 422))
