@@ -112,3 +112,14 @@ def test_the_text_classifier_trains_on_integer_tokens_and_reruns_identical(
         again = svc.wait_run(rerun.json()["id"], timeout=600)
         assert again["status"] == "succeeded", again["error"]
         assert again["verdict"] == "identical"
+
+        # Ids past the Embedding's input_dim (1000) are refused at submit, not in the job.
+        x, y = make_datasets.tokens(64)
+        x[0, 4] = 5098
+        wider = _push(svc, "datasets", _npz(x, y), "tokens-5k")
+        spec["dataset"]["data"] = wider
+        spec["dataset"]["params"].pop("vocab_size", None)  # the ids' range is the data's
+        refused = svc.submit(json.dumps(spec), content_type="application/json")
+        assert refused.status_code == 422, refused.text
+        assert "the Embedding 'embedding' looks up ids 0..999" in refused.json()["detail"]
+        assert "token ids run to 5098" in refused.json()["detail"]

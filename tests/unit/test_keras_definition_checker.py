@@ -305,3 +305,30 @@ def test_a_class_from_a_module_keras_does_not_write_it_under_is_refused(module: 
     with pytest.raises(kd.DefinitionRefused, match=r"Dense from module .*keras.layers") as refused:
         kd.read_definition(_text(config))
     assert refused.value.path == "resnet20/logits"
+
+
+def test_token_ids_beyond_an_input_embedding_are_refused_and_other_embeddings_ignored() -> None:
+    info = kd.read_definition((EXAMPLES / "text_classifier.json").read_bytes())
+    assert kd.input_embeddings(info.config) == [("embedding", 1000)]
+    kd.check_fits(info, DataInfo((64,), "int32", (), "int32", 4, 1000))
+    with pytest.raises(kd.DefinitionRefused, match=r"looks up ids 0\.\.999 \(input_dim 1000\)"):
+        kd.check_fits(info, DataInfo((64,), "int32", (), "int32", 4, 5099))
+    # An Embedding of positions, fed by another layer's output, is not the data's ids.
+    config = copy.deepcopy(info.config)
+    positions = copy.deepcopy(_layer(config, "embedding"))
+    positions["name"] = positions["config"]["name"] = "positions"
+    positions["config"]["input_dim"] = 64
+    positions["inbound_nodes"][0]["args"][0]["config"]["keras_history"] = ["gru", 0, 0]
+    config["config"]["layers"].append(positions)
+    assert kd.input_embeddings(config) == [("embedding", 1000)]
+    sequential = {
+        "class_name": "Sequential",
+        "config": {
+            "layers": [
+                {"class_name": "InputLayer", "config": {"name": "ids"}},
+                {"class_name": "Embedding", "config": {"name": "vocab", "input_dim": 50}},
+                {"class_name": "Embedding", "config": {"name": "later", "input_dim": 7}},
+            ]
+        },
+    }
+    assert kd.input_embeddings(sequential) == [("vocab", 50)]

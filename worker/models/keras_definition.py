@@ -311,6 +311,47 @@ def _output_units(config: dict[str, Any]) -> int | None:
     return units if isinstance(units, int) else None
 
 
+def _histories(node: Any) -> list[str]:
+    """The layer names a layer's inbound nodes read from (`keras_history`), anywhere in them."""
+    if isinstance(node, dict):
+        history = (node.get("config") or {}).get("keras_history") if "config" in node else None
+        found = [history[0]] if isinstance(history, list) and history else []
+        return found + [n for v in node.values() for n in _histories(v)]
+    if isinstance(node, list):
+        return [n for v in node for n in _histories(v)]
+    return []
+
+
+def input_embeddings(config: dict[str, Any]) -> list[tuple[str, int]]:
+    """(name, input_dim) of the Embedding layers that read the model's input directly: the
+    ids they look up are the data's token ids."""
+    inner = config.get("config") or {}
+    layers = [la for la in inner.get("layers", []) if isinstance(la, dict)]
+
+    def named(layer: dict[str, Any]) -> tuple[str, int] | None:
+        cfg = layer.get("config") or {}
+        dim = cfg.get("input_dim")
+        if layer.get("class_name") != "Embedding" or not isinstance(dim, int):
+            return None
+        return str(cfg.get("name") or layer.get("name")), dim
+
+    if config.get("class_name") == "Sequential":
+        body = [la for la in layers if la.get("class_name") != "InputLayer"]
+        first = named(body[0]) if body else None
+        return [first] if first else []
+    inputs = {
+        str((la.get("config") or {}).get("name") or la.get("name"))
+        for la in layers
+        if la.get("class_name") == "InputLayer"
+    }
+    found = []
+    for layer in layers:
+        embedding = named(layer)
+        if embedding and inputs & set(_histories(layer.get("inbound_nodes"))):
+            found.append(embedding)
+    return found
+
+
 def takes_token_ids(info: DefinitionInfo) -> bool:
     """Whether the definition's input takes integer token ids: its input layer's dtype is
     not a floating-point one."""
@@ -319,7 +360,8 @@ def takes_token_ids(info: DefinitionInfo) -> bool:
 
 def check_fits(info: DefinitionInfo, data: DataInfo) -> None:
     """DefinitionRefused saying why when the data cannot feed the model: one sample's shape,
-    integer token ids against a float input, or the output width against the classes."""
+    integer token ids against a float input, token ids beyond an input Embedding's
+    input_dim, or the output width against the classes."""
     want, got = info.input_shape, tuple(data.x_shape)
     if len(want) != len(got) or any(
         w is not None and w != g for w, g in zip(want, got, strict=True)
@@ -335,6 +377,15 @@ def check_fits(info: DefinitionInfo, data: DataInfo) -> None:
             "store the ids as an integer array (and leave dataset.params.x_dtype unset or int32)",
             path="model",
         )
+    if data.vocab_size is not None:
+        for name, input_dim in input_embeddings(info.config):
+            if input_dim < data.vocab_size:
+                raise DefinitionRefused(
+                    f"the Embedding {name!r} looks up ids 0..{input_dim - 1} (input_dim "
+                    f"{input_dim}); the data's token ids run to {data.vocab_size - 1} "
+                    f"(vocabulary {data.vocab_size}): raise input_dim to {data.vocab_size}",
+                    path="model",
+                )
     if info.output_units is not None and info.output_units != data.output_dim:
         what = "classes" if data.num_classes is not None else "regression targets"
         raise DefinitionRefused(
