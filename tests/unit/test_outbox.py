@@ -386,3 +386,61 @@ def test_the_lease_holds_while_a_delivery_outlasts_it(world: World, lease_second
     assert done["status"] == "failed" and done["attempt"] == 1
     assert len(world.network.times("/artifacts", status=201)) == 8  # each taken as the holder's
     assert world.outbox.pending() == []
+
+
+# -- the job's log with the heartbeats ---------------------------------------------------------
+
+
+class _Handle:
+    """A job handle that only records the signals it is sent (no process runs here)."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+def test_an_api_that_refuses_the_log_gets_none_and_the_run_goes_on(
+    world: World, tmp_path: Path
+) -> None:
+    """An agent newer than its API: the heartbeat carrying log lines is refused (422, as a
+    server without logs answers an unknown field); the agent drops the log, not the run."""
+    from worker.node.job import ClaimedRun, Job
+
+    refused = lambda request: httpx.Response(422, json={"detail": "log: extra field"})  # noqa: E731
+    world.network.faults["/heartbeat"] = [refused]
+    bodies: list[bytes] = []
+    world.network.on_request = lambda r: (
+        bodies.append(r.read()) if "heartbeat" in r.url.path else None
+    )
+    with world.client() as client:
+        claimed = ClaimedRun(
+            {"run": {"id": world.run_id, "attempt": 1}},
+            client=client,
+            executor=None,  # type: ignore[arg-type]  # nothing is started here
+            worker_id=world.worker_id,
+            work_dir=tmp_path / "work",
+            stop=threading.Event(),
+            watch=lambda job: 0,
+            outbox=world.outbox,
+            heartbeat_seconds=0.2,
+            progress_seconds=0.1,
+        )
+        handle = _Handle()
+        job = Job(world.run_id, handle)  # type: ignore[arg-type]
+        job.log.add("epoch 1: loss 0.7")
+        beats = threading.Thread(target=claimed._heartbeat_loop, args=(job,), daemon=True)
+        beats.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not world.network.times("/heartbeat", status=200):
+            time.sleep(0.1)
+        job.log.add("epoch 2: loss 0.6")  # after the refusal: not kept, not sent
+        time.sleep(1.5)
+        job.reported.set()
+        beats.join(10)
+    assert b'"log"' in bodies[0] and all(b'"log"' not in b for b in bodies[1:])
+    assert world.network.times("/heartbeat", status=200), world.network.seen
+    assert not job.abandoned.is_set() and handle.signals == [] and job.log.refused
+    logged = world.api.get(f"/api/v1/runs/{world.run_id}/log").json()
+    assert logged["text"] == "" and world.run()["status"] == "running"

@@ -368,6 +368,12 @@ class ClaimedRun:
                 job.abandon(f"lease lost ({exc.detail})")
                 return
             except ApiError as exc:
+                if piece is not None and exc.status_code == 422:
+                    # An API older than this agent takes no log: the run goes on without it.
+                    log.warning("run %s: the API refused the job's log (%s); sending none",
+                                job.run_id, exc)  # fmt: skip
+                    job.log.refuse()
+                    continue
                 if not exc.retryable:
                     job.abandon(f"heartbeat refused: {exc}")
                     return

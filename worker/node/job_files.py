@@ -119,9 +119,19 @@ class LogBuffer:
         self._pending = 0  # bytes in _lines
         self._dropped = 0
         self._lock = threading.Lock()
+        self.refused = False  # the API does not take logs (an older server): none is kept
+
+    def refuse(self) -> None:
+        """Send no more: what is pending goes, and what comes is not kept."""
+        with self._lock:
+            self.refused = True
+            self._lines.clear()
+            self._pending = self._dropped = 0
 
     def add(self, line: str) -> None:
         """One line of the job's output (without its newline)."""
+        if self.refused:
+            return
         text = line[: self._piece_chars - 1] + "\n"
         with self._lock:
             self._lines.append(text)
