@@ -41,6 +41,21 @@ def _file(app: Any, run_id: int, data: bytes) -> Path:
     return path
 
 
+def _family(app: Any, *, lr: float, name: str) -> tuple[int, int]:
+    """A finished run and a finished rerun of it (its verdict against the first), the rerun
+    with a line of job log."""
+    first = _experiment(app, lr=lr, epochs=2, name=name)
+    with app.state.sessionmaker() as db:
+        original = db.get(Run, first)
+        worker = db.scalars(select(Worker)).first()
+        assert original is not None and worker is not None
+        rerun = dashboard_world.rerun(db, original)
+        dashboard_world.finish(db, rerun, worker, epochs=2)
+        logs.append(db, run_id=rerun.id, attempt=1, offset=0, text="epoch 1\n", max_bytes=4096)
+        db.commit()
+        return first, rerun.id
+
+
 def _archive(app: Any, run_id: int, days_ago: float) -> None:
     with app.state.sessionmaker() as db:
         run = db.get(Run, run_id)
@@ -52,16 +67,7 @@ def _archive(app: Any, run_id: int, days_ago: float) -> None:
 def test_archived_runs_lose_their_files_after_the_retention_and_references_keep_theirs(
     app: Any, world: World, browser: AsgiBrowser
 ) -> None:
-    first = _experiment(app, lr=0.002, epochs=2, name="retained")
-    with app.state.sessionmaker() as db:
-        original = db.get(Run, first)
-        worker = db.scalars(select(Worker)).first()
-        assert original is not None and worker is not None
-        rerun = dashboard_world.rerun(db, original)
-        dashboard_world.finish(db, rerun, worker, epochs=2)  # a verdict against `first`
-        logs.append(db, run_id=rerun.id, attempt=1, offset=0, text="epoch 1\n", max_bytes=4096)
-        db.commit()
-        second = rerun.id
+    first, second = _family(app, lr=0.002, name="retained")
     first_file = _file(app, first, b"weights of the first run")
     second_file = _file(app, second, b"weights of the rerun")
     admin = {"Authorization": f"Bearer {world.admin_token}"}
@@ -133,16 +139,7 @@ def test_a_shared_file_stays_a_recent_archive_waits_and_only_admins_collect(
 def test_an_admin_deletes_a_rerun_then_its_reference_and_nothing_else(
     app: Any, world: World, browser: AsgiBrowser
 ) -> None:
-    first = _experiment(app, lr=0.004, epochs=2, name="to-delete")
-    with app.state.sessionmaker() as db:
-        original = db.get(Run, first)
-        worker = db.scalars(select(Worker)).first()
-        assert original is not None and worker is not None
-        rerun = dashboard_world.rerun(db, original)
-        dashboard_world.finish(db, rerun, worker, epochs=2)
-        logs.append(db, run_id=rerun.id, attempt=1, offset=0, text="done\n", max_bytes=4096)
-        db.commit()
-        second = rerun.id
+    first, second = _family(app, lr=0.004, name="to-delete")
     stored = _file(app, second, b"the rerun's only checkpoint")
     admin = {"Authorization": f"Bearer {world.admin_token}"}
     compared = browser.get(f"/api/v1/compare?a={first}&b={second}", headers=admin)

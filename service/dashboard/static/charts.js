@@ -61,6 +61,39 @@
     };
   }
 
+  function select(name, options, onChange) {
+    var el = document.createElement("select");
+    el.className = name;
+    options.forEach(function (value) {
+      var o = document.createElement("option");
+      o.value = o.textContent = value;
+      el.appendChild(o);
+    });
+    el.addEventListener("change", onChange);
+    return el;
+  }
+
+  // A chart box's row of controls and its plot's place; `labelled` adds a control to the row.
+  function frame(box) {
+    var controls = document.createElement("div");
+    controls.className = "chart-controls";
+    var target = document.createElement("div");
+    target.className = "chart-plot";
+    box.appendChild(controls);
+    box.appendChild(target);
+    return {
+      controls: controls,
+      target: target,
+      labelled: function (text, element) {
+        var wrap = document.createElement("label");
+        wrap.appendChild(document.createTextNode(text + " "));
+        wrap.appendChild(element);
+        controls.appendChild(wrap);
+        return element;
+      },
+    };
+  }
+
   function draw(box) {
     var spec;
     try { spec = JSON.parse(box.getAttribute("data-chart")); } catch (e) { return; }
@@ -68,31 +101,11 @@
     var state = { x: spec.xs[0], log: false, smooth: 0 };
     var positive = spec.series.every(function (s) { return s.y.every(function (v) { return v > 0; }); });
 
-    var controls = document.createElement("div");
-    controls.className = "chart-controls";
-    var target = document.createElement("div");
-    target.className = "chart-plot";
     var svg = box.querySelector("svg.chart");
     if (svg) svg.style.display = "none";
-    box.appendChild(controls);
-    box.appendChild(target);
-
-    function control(label, element) {
-      var wrap = document.createElement("label");
-      wrap.appendChild(document.createTextNode(label + " "));
-      wrap.appendChild(element);
-      controls.appendChild(wrap);
-      return element;
-    }
+    var parts = frame(box), target = parts.target, control = parts.labelled;
     if (spec.xs.length > 1) {
-      var xSelect = document.createElement("select");
-      xSelect.className = "chart-x";
-      spec.xs.forEach(function (name) {
-        var o = document.createElement("option");
-        o.value = o.textContent = name;
-        xSelect.appendChild(o);
-      });
-      control("x", xSelect).addEventListener("change", function () { state.x = xSelect.value; render(); });
+      var xSelect = control("x", select("chart-x", spec.xs, function () { state.x = xSelect.value; render(); }));
     }
     var logBox = document.createElement("input");
     logBox.type = "checkbox";
@@ -114,7 +127,7 @@
     reset.type = "button";
     reset.className = "chart-reset";
     reset.textContent = "reset zoom";
-    controls.appendChild(reset);
+    parts.controls.appendChild(reset);
 
     var plot = null;
     function render() {
@@ -173,18 +186,6 @@
     render();
   }
 
-  function select(name, options, onChange) {
-    var el = document.createElement("select");
-    el.className = name;
-    options.forEach(function (value) {
-      var o = document.createElement("option");
-      o.value = o.textContent = value;
-      el.appendChild(o);
-    });
-    el.addEventListener("change", onChange);
-    return el;
-  }
-
   // Parameters against final metrics: one point a run, the field on x and the metric on y
   // picked from the differing numeric spec fields and the recorded metrics.
   function drawScatter(box) {
@@ -194,19 +195,7 @@
     var params = Object.keys(spec.params), metrics = Object.keys(spec.metrics);
     var state = { x: params[0], y: metrics.indexOf("loss") >= 0 ? "loss" : metrics[0], log: false };
     box.textContent = "";
-    var controls = document.createElement("div");
-    controls.className = "chart-controls";
-    var target = document.createElement("div");
-    target.className = "chart-plot";
-    box.appendChild(controls);
-    box.appendChild(target);
-    function labelled(text, el) {
-      var wrap = document.createElement("label");
-      wrap.appendChild(document.createTextNode(text + " "));
-      wrap.appendChild(el);
-      controls.appendChild(wrap);
-      return el;
-    }
+    var parts = frame(box), target = parts.target, labelled = parts.labelled;
     var xs = labelled("x", select("scatter-x", params, function () { state.x = xs.value; render(); }));
     var ys = labelled("y", select("scatter-y", metrics, function () { state.y = ys.value; render(); }));
     ys.value = state.y;
