@@ -55,6 +55,7 @@ class ExperimentOut(BaseModel):
     image: str | None
     spec: dict[str, Any]
     created_at: UtcDatetime
+    archived_at: UtcDatetime | None = None  # archived with its ended runs
 
 
 class RunOut(BaseModel):
@@ -436,7 +437,15 @@ class DatasetArray(BaseModel):
     dtype: str
 
 
-class DatasetOut(BaseModel):
+class StoredState(BaseModel):
+    """Whether a stored file is archived (new experiments may not name it) and when its
+    bytes were removed by retention (push the same file again to restore them)."""
+
+    archived_at: UtcDatetime | None = None
+    files_collected_at: UtcDatetime | None = None
+
+
+class DatasetOut(StoredState):
     """A pushed dataset: its digest (what a spec's `dataset.data` names), what it holds,
     and who pushed it."""
 
@@ -469,7 +478,7 @@ class ModelLayer(BaseModel):
     config_sha256: str
 
 
-class ModelDefinitionOut(BaseModel):
+class ModelDefinitionOut(StoredState):
     """A pushed Keras model definition: its digest (what a spec's `model.definition` names),
     its size in parameters and layers, and who pushed it."""
 
@@ -508,9 +517,19 @@ class KeptRun(BaseModel):
     why: str
 
 
+class StoredFileOut(BaseModel):
+    """A stored file (dataset, model definition, code bundle) retention removed or kept."""
+
+    kind: str  # "dataset", "model definition", "code bundle"
+    digest: str
+    bytes: int = 0
+    why: str | None = None  # kept: why its bytes stay
+
+
 class CollectionOut(BaseModel):
     """What `POST /admin/collect` removed (with `dry_run`, would remove): the files of runs
-    archived before `cutoff`, and the archived runs whose files stay, with why."""
+    archived before `cutoff`, and the archived runs whose files stay, with why; the same
+    for archived datasets, model definitions and code bundles (`stored`, `stored_kept`)."""
 
     dry_run: bool
     retention_days: float
@@ -520,6 +539,12 @@ class CollectionOut(BaseModel):
     bytes: int
     kept: list[KeptRun]
     more: bool = Field(description="more runs are due than one call looks at: call again")
+    stored: list[StoredFileOut] = Field(
+        default_factory=list, description="datasets, definitions and bundles whose bytes went"
+    )
+    stored_kept: list[StoredFileOut] = Field(
+        default_factory=list, description="archived ones whose bytes stay, with why"
+    )
 
 
 class RunLogOut(BaseModel):

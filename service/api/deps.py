@@ -15,6 +15,7 @@ from service.auth.token_cache import TokenCache
 from service.auth.tokens import Permission, Principal
 from service.config import Settings
 from service.errors import Unauthorized
+from service.persistence.archived import ArchivedChoice
 from service.runs.fair_share import MAX_PRIORITY
 from service.schemas import MAX_ID
 
@@ -54,6 +55,10 @@ PriorityQuery = Annotated[
     ),
 ]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
+Archived = Annotated[
+    ArchivedChoice,
+    Query(description="archived ones: left out (false), only them (true), or both (any)"),
+]
 
 
 # Declares the scheme in the OpenAPI document; get_principal answers 401 itself.

@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import aliased
 
 from service.api.views import out_columns
+from service.persistence.archived import narrowed
 from service.persistence.models import Run, RunTag, Verdict
 from service.persistence.sql_datetimes import utc_iso
 from service.runs import search
@@ -82,11 +83,7 @@ class RunFilters:
 def _filtered(query: Select[Any], filters: RunFilters, *, verdicts: bool) -> Select[Any]:
     """`query` narrowed to `filters`; with `verdicts`, joined to each run's verdict (if
     any), so that it can select `Verdict.verdict`."""
-    query = query.where(Run.kind == filters.kind)
-    if filters.archived == "false":
-        query = query.where(Run.archived_at.is_(None))
-    elif filters.archived == "true":
-        query = query.where(Run.archived_at.is_not(None))
+    query = narrowed(query.where(Run.kind == filters.kind), Run.archived_at, filters.archived)
     if filters.spot_check == "none":
         query = query.where(Run.spot_check.is_(None))
     elif filters.spot_check is not None:

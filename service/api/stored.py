@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Header, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from service.api.deps import AdminAccess, SessionDep, SubmitAccess
 from service.api.responses import errors
 from service.auth.tokens import Principal
 from service.schemas import Page
@@ -34,6 +35,9 @@ PushName = Annotated[
     str, Query(pattern=NAME, description="a label for people; the digest identifies it")
 ]
 Limit = Annotated[int, Query(ge=1, le=500)]
+AnyDigest = Annotated[
+    str, PathParam(pattern=DECLARED_DIGEST, description="`sha256:<hex>` (the bare hex also works)")
+]
 
 
 def digest_path(whose: str) -> Any:
@@ -82,10 +86,16 @@ async def pushed(
 
 
 def page_of(
-    store: ByDigest[Row], db: Session, out: type[Out], *, limit: int, offset: int
+    store: ByDigest[Row],
+    db: Session,
+    out: type[Out],
+    *,
+    limit: int,
+    offset: int,
+    archived: str = "false",
 ) -> Page[Out]:
-    """A page of the kind's records, newest first."""
-    rows, total = store.page(db, limit=limit, offset=offset)
+    """A page of the kind's records, newest first; archived ones as `archived` says."""
+    rows, total = store.page(db, limit=limit, offset=offset, archived=archived)
     items = [out.model_validate(row) for row in rows]
     return Page(items=items, total=total, limit=limit, offset=offset)
 
@@ -106,3 +116,45 @@ def content_file(url: str, *, digest: str, filename: str, principal: Principal) 
     return blob_store.download_response(
         url, sha256=digest, filename=filename, for_worker=principal.role == "worker"
     )
+
+
+def add_archive_routes(
+    router: APIRouter,
+    store: ByDigest[Row],
+    *,
+    detail: Callable[[Session, Row], BaseModel],
+    detail_model: type[BaseModel],
+) -> None:
+    """`POST /{digest}/archive`, `POST /{digest}/unarchive` and `DELETE /{digest}` (admins)
+    for the kind of `store`, answering its detail (the delete: 204)."""
+    noun = store.noun
+
+    def archive(digest: AnyDigest, db: SessionDep, principal: SubmitAccess) -> BaseModel:
+        return detail(db, store.archive(db, store.get(db, digest), archived=True, actor=principal))
+
+    def unarchive(digest: AnyDigest, db: SessionDep, principal: SubmitAccess) -> BaseModel:
+        row = store.archive(db, store.get(db, digest), archived=False, actor=principal)
+        return detail(db, row)
+
+    def delete(digest: AnyDigest, db: SessionDep, admin: AdminAccess) -> Response:
+        store.delete(db, store.get(db, digest), actor=admin)
+        return Response(status_code=204)
+
+    archive.__doc__ = (
+        f"Archive the {noun}: lists leave it out unless asked (`archived=true`), new "
+        "experiments may not name it, runs that used it rerun as before. Once archived "
+        "longer than the retention and no run in the lists used it, `POST /admin/collect` "
+        "removes its bytes (pushing the same file again restores them). Audit-logged."
+    )
+    unarchive.__doc__ = f"Bring an archived {noun} back into the lists. Audit-logged."
+    delete.__doc__ = (
+        f"Delete the {noun} for good, record and bytes (admins). 409 while an experiment "
+        "names it: delete their runs and them first, or archive it. Audit-logged."
+    )
+    router.post("/{digest}/archive", response_model=detail_model, responses=errors(404, 422))(
+        archive
+    )
+    router.post("/{digest}/unarchive", response_model=detail_model, responses=errors(404, 422))(
+        unarchive
+    )
+    router.delete("/{digest}", status_code=204, responses=errors(404, 409, 422))(delete)

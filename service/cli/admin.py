@@ -158,7 +158,9 @@ def collect(
 ) -> None:
     """Remove the files (checkpoints, model, job log) of runs archived longer than the
     retention, keeping their records (admins). A family's reference keeps its files while a
-    rerun of it is not archived. Run it daily, from cron or a scheduled job."""
+    rerun of it is not archived. Archived datasets, model definitions and code bundles lose
+    their bytes once no run in the lists used them. Run it daily, from cron or a scheduled
+    job."""
     from reprotrain import ApiError
 
     try:
@@ -178,6 +180,10 @@ def collect(
     )
     for kept in found["kept"]:
         typer.echo(f"kept run {kept['run']}: {kept['why']}")
+    for gone in found.get("stored", []):
+        typer.echo(f"{verb} {gone['kind']} {gone['digest']} ({human_size(gone['bytes'])})")
+    for kept in found.get("stored_kept", []):
+        typer.echo(f"kept {kept['kind']} {kept['digest']}: {kept['why']}")
     if found["more"]:
         typer.echo("more runs are due: run it again")
 

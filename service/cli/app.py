@@ -9,6 +9,7 @@ from service.cli import (
     code,
     datasets,
     doctor,
+    experiments,
     local,
     models,
     remote,
@@ -23,5 +24,16 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Reproducible training: submit, rerun and verify experiments.",
 )
-for module in (local, remote, server, admin, datasets, code, models, spot_checks, doctor):
+for module in (
+    local,
+    remote,
+    server,
+    admin,
+    experiments,
+    datasets,
+    code,
+    models,
+    spot_checks,
+    doctor,
+):
     module.register(app)

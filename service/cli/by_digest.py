@@ -11,7 +11,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from service.cli.output import api_error_exit, emit_json, err, print_table
+from service.cli.output import (
+    DEFAULT_API,
+    ApiOption,
+    Command,
+    TokenFileOption,
+    TokenOption,
+    api_error_exit,
+    delete_each,
+    each,
+    emit_json,
+    err,
+    print_table,
+    repro_client,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -20,7 +33,10 @@ if TYPE_CHECKING:
 
 Answer = dict[str, Any]
 DigestArgument = Annotated[str, typer.Argument(help="sha256:<hex> (or the bare hex)")]
+DigestsArgument = Annotated[list[str], typer.Argument(help="sha256:<hex> (or the bare hex)")]
 LimitOption = Annotated[int, typer.Option(min=1, max=500)]
+UndoFlag = Annotated[bool, typer.Option("--undo", help="bring them back instead")]
+YesFlag = Annotated[bool, typer.Option("--yes", help="do not ask first")]
 
 
 def fetched(call: Callable[[], ApiModel]) -> Answer:
@@ -83,3 +99,45 @@ def runs_line(record: Answer, *, width: int, more: bool = True) -> str:
     runs = ", ".join(str(r) for r in record["runs"]) or "none"
     beyond = record["runs_total"] - len(record["runs"])
     return f"{'runs':<{width}}{runs}" + (f" (and {beyond} more)" if more and beyond > 0 else "")
+
+
+def add_archive_commands(app: typer.Typer, *, kind: str, noun: str) -> None:
+    """`archive [--undo]` and `delete` for the kind the client reaches as `Client.{kind}`."""
+
+    def archive(
+        digests: DigestsArgument,
+        undo: UndoFlag = False,
+        api: ApiOption = DEFAULT_API,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+    ) -> None:
+        files = getattr(repro_client(api, token, token_file), kind)
+
+        def act(digest: str) -> str:
+            record = files.archive(digest, archived=not undo)
+            return f"{noun} {digest} {'archived' if record.archived_at else 'not archived'}"
+
+        each(digests, act, what=noun)
+
+    def delete(
+        digests: DigestsArgument,
+        yes: YesFlag = False,
+        api: ApiOption = DEFAULT_API,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+    ) -> None:
+        files = getattr(repro_client(api, token, token_file), kind)
+        delete_each(digests, files.delete, what=noun, yes=yes)
+
+    archive.__doc__ = (
+        f"Archive {noun}s: lists leave them out (`list --archived true` shows them), new "
+        "experiments may not name them, runs that used them rerun as before. Once archived "
+        "longer than the retention and no run in the lists used them, `repro collect` "
+        "removes their bytes; pushing the same file restores them. Exit 1 if any was refused."
+    )
+    delete.__doc__ = (
+        f"Delete {noun}s for good, records and bytes (admins); refused while an experiment "
+        "names one. Exit 1 if any was refused."
+    )
+    app.command("archive", cls=Command)(archive)
+    app.command("delete", cls=Command)(delete)

@@ -11,6 +11,8 @@ from service.cli import by_digest as stored
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Archived,
+    ArchivedOption,
     Command,
     Group,
     JsonFlag,
@@ -68,13 +70,16 @@ def _summary(record: stored.Answer) -> str:
 @code_app.command("list", cls=Command)
 def list_(
     limit: stored.LimitOption = 50,
+    archived: ArchivedOption = Archived.false,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Code bundles stored on the API, newest first."""
-    page = stored.fetched(lambda: repro_client(api, token, token_file).code.page(limit=limit))
+    page = stored.fetched(
+        lambda: repro_client(api, token, token_file).code.page(limit=limit, archived=archived.value)
+    )
     headers = ("name", "size", "components", "pushed by", "when")
     stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
@@ -106,6 +111,9 @@ def _lines(record: stored.Answer) -> list[str]:
         f"pushed by   {record['pushed_by']} at {record['created_at']}",
         stored.runs_line(record, width=12, more=False),
     ]
+
+
+stored.add_archive_commands(code_app, kind="code", noun="code bundle")
 
 
 def register(app: typer.Typer) -> None:

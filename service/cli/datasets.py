@@ -11,6 +11,8 @@ from service.cli import by_digest as stored
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Archived,
+    ArchivedOption,
     Command,
     Group,
     JsonFlag,
@@ -58,6 +60,7 @@ def _summary(record: stored.Answer) -> str:
 @dataset_app.command("list", cls=Command)
 def list_(
     limit: stored.LimitOption = 50,
+    archived: ArchivedOption = Archived.false,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
@@ -68,7 +71,11 @@ def list_(
     Digests are printed whole, unless stdout is a terminal too narrow for them: then as
     prefixes unique among those listed.
     """
-    page = stored.fetched(lambda: repro_client(api, token, token_file).datasets.page(limit=limit))
+    page = stored.fetched(
+        lambda: repro_client(api, token, token_file).datasets.page(
+            limit=limit, archived=archived.value
+        )
+    )
     headers = ("name", "samples", "size", "arrays", "pushed by", "when")
     stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
@@ -108,6 +115,9 @@ def _lines(record: stored.Answer) -> list[str]:
         f"pushed by  {record['pushed_by']} at {record['created_at']}",
         stored.runs_line(record, width=11),
     ]
+
+
+stored.add_archive_commands(dataset_app, kind="datasets", noun="dataset")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,8 @@ from service.cli import by_digest as stored
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Archived,
+    ArchivedOption,
     Command,
     Group,
     JsonFlag,
@@ -61,13 +63,18 @@ def _summary(record: stored.Answer) -> str:
 @model_app.command("list", cls=Command)
 def list_(
     limit: stored.LimitOption = 50,
+    archived: ArchivedOption = Archived.false,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Model definitions stored on the API, newest first."""
-    page = stored.fetched(lambda: repro_client(api, token, token_file).models.page(limit=limit))
+    page = stored.fetched(
+        lambda: repro_client(api, token, token_file).models.page(
+            limit=limit, archived=archived.value
+        )
+    )
     headers = ("name", "layers", "parameters", "format", "pushed by", "when")
     stored.listed(page, as_json=as_json, headers=headers, cells=_cells)
 
@@ -105,6 +112,9 @@ def _lines(record: stored.Answer) -> list[str]:
         f"pushed by   {record['pushed_by']} at {record['created_at']}",
         stored.runs_line(record, width=12),
     ]
+
+
+stored.add_archive_commands(model_app, kind="models", noun="model definition")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ pydantic and no settings at module level: `repro --help` should not wait for the
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 import os
@@ -41,6 +42,19 @@ err = _console(stderr=True)
 out = _console(stderr=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
+
+
+class Archived(enum.StrEnum):
+    """Which a list shows: those not archived (the default), only the archived, or both."""
+
+    false = "false"
+    true = "true"
+    any = "any"
+
+
+ArchivedOption = Annotated[
+    Archived, typer.Option(help="archived ones: false (left out), true (only them) or any")
+]
 ApiOption = Annotated[
     str,
     typer.Option("--api", envvar="REPRO_API_URL", help="base URL of the Reprotrain API"),
@@ -219,6 +233,36 @@ def api_error_exit(exc: ApiError) -> typer.Exit:
     err.print(f"[red]error {exc.status_code}:[/red] ", end="", highlight=False)
     err.print("\n".join([first, *more]), markup=False, highlight=False)
     return typer.Exit(2 if 400 <= exc.status_code < 500 else 1)
+
+
+def each(items: Sequence[Any], act: Callable[[Any], str], *, what: str) -> None:
+    """`act` on every item, printing what it returns; a refusal is printed on stderr
+    (`{what} {item}: ...`) and the others still go ahead. Exits 1 if any was refused."""
+    from reprotrain import ApiError
+
+    failed = 0
+    for item in items:
+        try:
+            typer.echo(act(item))
+        except ApiError as exc:
+            failed += 1
+            err.print(f"[red]{what} {item}:[/red] {exc}", highlight=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+def delete_each(
+    items: Sequence[Any], delete: Callable[[Any], None], *, what: str, yes: bool
+) -> None:
+    """Ask first (unless `yes`), then `delete` every item, as `each` does."""
+    listed = ", ".join(map(str, items))
+    if not yes and not typer.confirm(f"delete {what}s {listed} for good?"):
+        raise typer.Exit(1)
+
+    def act(item: Any) -> str:
+        delete(item)
+        return f"{what} {item} deleted"
+
+    each(items, act, what=what)
 
 
 def emit_json(data: Any) -> None:

@@ -12,12 +12,16 @@ import typer
 from service.cli.output import (
     DEFAULT_API,
     ApiOption,
+    Archived,
+    ArchivedOption,
     Command,
     JsonFlag,
     TokenFileOption,
     TokenOption,
     TrainingBar,
     api_error_exit,
+    delete_each,
+    each,
     emit_json,
     err,
     metrics_line,
@@ -328,9 +332,7 @@ def runs(
             "Searching runs)",
         ),
     ] = None,
-    archived: Annotated[
-        str, typer.Option(help="archived runs: false (left out), true (only them) or any")
-    ] = "false",
+    archived: ArchivedOption = Archived.false,
     api: ApiOption = DEFAULT_API,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
@@ -347,7 +349,7 @@ def runs(
         "verdict": verdict,
         "tag": tag,
         "search": search,
-        "archived": archived,
+        "archived": archived.value,
     }
     try:
         page = _runs(client, limit, **filters)
@@ -624,21 +626,15 @@ def archive(
     token: TokenOption = None,
     token_file: TokenFileOption = None,
 ) -> None:
-    """Archive ended runs: lists leave them out unless asked (`repro runs --archived only`);
+    """Archive ended runs: lists leave them out unless asked (`repro runs --archived true`);
     nothing of them is removed. Exit 1 if any could not be archived."""
-    from reprotrain import ApiError
-
     client = repro_client(api, token, token_file)
-    failed = 0
-    for run_id in run_ids:
-        try:
-            run = client.archive_run(run_id, archived=not undo)
-        except ApiError as exc:
-            failed += 1
-            err.print(f"[red]run {run_id}:[/red] {exc}", highlight=False)
-            continue
-        typer.echo(f"run {run.id} {'archived' if run.archived_at else 'not archived'}")
-    raise typer.Exit(1 if failed else 0)
+
+    def act(run_id: int) -> str:
+        run = client.archive_run(run_id, archived=not undo)
+        return f"run {run.id} {'archived' if run.archived_at else 'not archived'}"
+
+    each(run_ids, act, what="run")
 
 
 def cancel(
@@ -679,22 +675,8 @@ def delete(
     """Delete ended runs for good, records and files (admins). A run something refers to
     (its reruns, verdicts against it) is refused: delete those first. To hide runs, use
     `repro archive`. Exit 1 if any could not be deleted."""
-    from reprotrain import ApiError
-
-    listed = ", ".join(map(str, run_ids))
-    if not yes and not typer.confirm(f"delete runs {listed} for good?"):
-        raise typer.Exit(1)
     client = repro_client(api, token, token_file)
-    failed = 0
-    for run_id in run_ids:
-        try:
-            client.delete_run(run_id)
-        except ApiError as exc:
-            failed += 1
-            err.print(f"[red]run {run_id}:[/red] {exc}", highlight=False)
-            continue
-        typer.echo(f"run {run_id} deleted")
-    raise typer.Exit(1 if failed else 0)
+    delete_each(run_ids, client.delete_run, what="run", yes=yes)
 
 
 def logs(

@@ -438,6 +438,17 @@ class Client:
         """One experiment: its spec, spec hash and resolved seed."""
         return Experiment.from_api(self._http.json("GET", f"/experiments/{experiment_id}"))
 
+    def archive_experiment(self, experiment_id: int, *, archived: bool = True) -> Experiment:
+        """Archive an experiment with its runs (refused while one has not ended), or with
+        `archived=False` bring it back with the runs archived with it."""
+        action = "archive" if archived else "unarchive"
+        path = f"/experiments/{experiment_id}/{action}"
+        return Experiment.from_api(self._http.json("POST", path))
+
+    def delete_experiment(self, experiment_id: int) -> None:
+        """Delete an experiment for good (admins); refused (409) while it has runs."""
+        self._http.json("DELETE", f"/experiments/{experiment_id}")
+
     def compare(self, a: RunRef, b: RunRef) -> Comparison:
         """Run b compared with run a: the verdict, why, and where they first diverge."""
         params = {"a": _id(a), "b": _id(b)}
@@ -506,8 +517,9 @@ class Client:
     def collect_archived(
         self, *, dry_run: bool = False, retention_days: float | None = None
     ) -> dict[str, Any]:
-        """Remove the files of runs archived longer than the retention (admins); with
-        `dry_run`, only say which. The answer of `POST /admin/collect`."""
+        """Remove the files of runs, and the bytes of datasets, definitions and bundles,
+        archived longer than the retention (admins); with `dry_run`, only say which. The
+        answer of `POST /admin/collect`."""
         params: dict[str, Any] = {"dry_run": dry_run}
         if retention_days is not None:
             params["retention_days"] = retention_days

@@ -39,6 +39,7 @@ class Experiment(ApiModel):
     image: str | None = None
     spec: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime | None = None
+    archived_at: datetime | None = None  # archived with its runs (`archive_experiment`)
 
 
 class ProvenanceField(ApiModel):
@@ -222,7 +223,15 @@ class ArrayInfo(ApiModel):
     shape: list[int]
 
 
-class Dataset(ApiModel):
+class StoredState(ApiModel):
+    """Whether a stored file is archived, and when retention removed its bytes (pushing
+    the same file again restores them)."""
+
+    archived_at: datetime | None = None
+    files_collected_at: datetime | None = None
+
+
+class Dataset(StoredState):
     """A pushed dataset: its digest (what a spec's `dataset.data` names) and what it holds."""
 
     digest: str
@@ -296,7 +305,7 @@ class ModelLayer(ApiModel):
     config_sha256: str | None = None
 
 
-class ModelDefinition(ApiModel):
+class ModelDefinition(StoredState):
     """A pushed Keras model definition: its digest (what `model.definition` names)."""
 
     digest: str
@@ -335,7 +344,7 @@ class CodeFile(ApiModel):
     size: int | None = None
 
 
-class CodeBundle(ApiModel):
+class CodeBundle(StoredState):
     """A pushed code bundle (a wheel): its digest (what a spec's `code` names)."""
 
     digest: str

@@ -62,18 +62,19 @@ class _Stored(Generic[Record, RecordPage]):
         made: Record = self._record.from_api(response.json())
         return made
 
-    def page(self, *, limit: int = 50, offset: int = 0) -> RecordPage:
-        """One page, newest first, with the total count."""
-        params = {"limit": limit, "offset": offset}
+    def page(self, *, limit: int = 50, offset: int = 0, archived: str = "false") -> RecordPage:
+        """One page, newest first, with the total count; archived ones with `archived`
+        "true" (only them) or "any"."""
+        params = {"limit": limit, "offset": offset, "archived": archived}
         made: RecordPage = self._page.from_api(self._http.json("GET", self._path, params=params))
         return made
 
-    def list(self, *, limit: int | None = 50) -> list[Record]:
+    def list(self, *, limit: int | None = 50, archived: str = "false") -> list[Record]:
         """Newest first: up to `limit` (None: all)."""
         found: list[Record] = []
         while limit is None or len(found) < limit:
             want = _PAGE if limit is None else min(_PAGE, limit - len(found))
-            page = self.page(limit=want, offset=len(found))
+            page = self.page(limit=want, offset=len(found), archived=archived)
             items: list[Record] = page.items  # type: ignore[attr-defined]
             found += items
             if not items or len(found) >= page.total:  # type: ignore[attr-defined]
@@ -84,6 +85,20 @@ class _Stored(Generic[Record, RecordPage]):
         """One record by digest (`sha256:<hex>` or the bare hex), with the runs that used it."""
         made: Record = self._record.from_api(self._http.json("GET", f"{self._path}/{digest}"))
         return made
+
+    def archive(self, digest: str, *, archived: bool = True) -> Record:
+        """Archive it (lists leave it out, new experiments may not name it, runs that used
+        it rerun as before; retention later removes its bytes), or with `archived=False`
+        bring it back."""
+        action = "archive" if archived else "unarchive"
+        answer = self._http.json("POST", f"{self._path}/{digest}/{action}")
+        made: Record = self._record.from_api(answer)
+        return made
+
+    def delete(self, digest: str) -> None:
+        """Delete it for good, record and bytes (admins); refused (409) while an experiment
+        names it."""
+        self._http.json("DELETE", f"{self._path}/{digest}")
 
 
 class Datasets(_Stored[Dataset, DatasetPage]):

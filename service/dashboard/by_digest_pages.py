@@ -8,15 +8,17 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import Path, Query, Request
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from service.dashboard import run_rows
+from service.dashboard.actions import perform
 from service.dashboard.id_pages import id_page
 from service.dashboard.session import Viewer
 from service.dashboard.web import render
+from service.persistence.archived import narrowed
 from service.persistence.models import Experiment, Run
 from service.schemas import MAX_ID
 from service.storage.by_digest import DECLARED_DIGEST, ByDigest, Row
@@ -53,21 +55,52 @@ def list_page(
     items: str,
     before: int | None,
     after: int | None,
+    archived: bool = False,
 ) -> HTMLResponse:
-    """The kind's files, newest first, a page at a time, handed to `template` as `items`."""
+    """The kind's files, newest first, a page at a time, handed to `template` as `items`:
+    those not archived, or with `archived` only the archived ones."""
     row = store.row
-    found = id_page(db, select(row), row.id, limit=PAGE_SIZE, before=before, after=after)
+    query = narrowed(select(row), row.archived_at, "true" if archived else "false")
+    found = id_page(db, query, row.id, limit=PAGE_SIZE, before=before, after=after)
     listed: dict[str, Any] = {items: found.items}
+    only = 1 if archived else None
     return render(
         request,
         template,
         viewer,
         **listed,
+        archived=archived,
+        path=path,
         prefix=unique_prefixes([d.digest for d in found.items]),
-        newer_url=_url(path, after=found.newer) if found.newer else None,
-        older_url=_url(path, before=found.older) if found.older else None,
-        first_url=_url(path) if before or after else None,
+        newer_url=_url(path, archived=only, after=found.newer) if found.newer else None,
+        older_url=_url(path, archived=only, before=found.older) if found.older else None,
+        first_url=_url(path, archived=only) if before or after else None,
     )
+
+
+def add_archive_actions(router: APIRouter, store: ByDigest[Row], *, path: str) -> None:
+    """`POST {path}/{digest}/archive` and `/unarchive`: the page's buttons, back to it."""
+
+    async def archive(request: Request, digest: DigestPath) -> RedirectResponse:
+        return await _archived(request, store, digest, path=path, archived=True)
+
+    async def unarchive(request: Request, digest: DigestPath) -> RedirectResponse:
+        return await _archived(request, store, digest, path=path, archived=False)
+
+    archive.__doc__ = f"Archive the {store.noun} (new experiments may not name it)."
+    unarchive.__doc__ = f"Bring the archived {store.noun} back into the list."
+    router.post(f"{path}/{{digest}}/archive")(archive)
+    router.post(f"{path}/{{digest}}/unarchive")(unarchive)
+
+
+async def _archived(
+    request: Request, store: ByDigest[Row], digest: str, *, path: str, archived: bool
+) -> RedirectResponse:
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        row = store.archive(db, store.get(db, digest), archived=archived, actor=viewer.principal)
+        return f"{path}/{row.digest}"
+
+    return await perform(request, act)
 
 
 def users_of(db: Session, uses: ColumnElement[bool]) -> dict[str, Any]:

@@ -7,7 +7,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from service.api.deps import ReadSessionDep
-from service.dashboard.by_digest_pages import Cursor, DigestPath, list_page, users_of
+from service.dashboard.by_digest_pages import (
+    Cursor,
+    DigestPath,
+    add_archive_actions,
+    list_page,
+    users_of,
+)
 from service.dashboard.web import PageRoute, ViewerDep, render
 from service.storage import datasets
 
@@ -21,6 +27,7 @@ def datasets_page(
     db: ReadSessionDep,
     before: Cursor = None,
     after: Cursor = None,
+    archived: bool = False,
 ) -> HTMLResponse:
     """Pushed datasets, newest first."""
     return list_page(
@@ -33,6 +40,7 @@ def datasets_page(
         items="datasets",
         before=before,
         after=after,
+        archived=archived,
     )
 
 
@@ -44,3 +52,6 @@ def dataset_page(
     dataset = datasets.get(db, digest)
     users = users_of(db, datasets.STORE.uses(dataset.digest))
     return render(request, "dataset.html", viewer, dataset=dataset, **users)
+
+
+add_archive_actions(router, datasets.STORE, path="/datasets")

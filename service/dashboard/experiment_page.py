@@ -10,15 +10,18 @@ from typing import Any
 
 import yaml
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import IdPath, ReadSessionDep
 from service.dashboard import charts, models_page, run_rows
+from service.dashboard.actions import perform
+from service.dashboard.session import Viewer
 from service.dashboard.web import PageRoute, ViewerDep, render, svg
 from service.persistence.models import Experiment, Run, Verdict
 from service.runs import experiments as svc
+from service.runs import labels
 
 router = APIRouter(route_class=PageRoute)
 MAX_TREE = 500  # runs drawn in one lineage tree; the runs page lists the rest
@@ -108,3 +111,25 @@ def experiment_page(
         **family_view(db, runs[:MAX_TREE]),
         model=models_page.model_of(db, experiment),
     )
+
+
+@router.post("/experiments/{experiment_id}/archive")
+async def archive(request: Request, experiment_id: IdPath) -> RedirectResponse:
+    """Archive the experiment with its runs: the lists leave them out unless asked."""
+    return await _archived(request, experiment_id, archived=True)
+
+
+@router.post("/experiments/{experiment_id}/unarchive")
+async def unarchive(request: Request, experiment_id: IdPath) -> RedirectResponse:
+    """Bring the experiment back with the runs archived with it."""
+    return await _archived(request, experiment_id, archived=False)
+
+
+async def _archived(request: Request, experiment_id: int, *, archived: bool) -> RedirectResponse:
+    def act(db: Session, viewer: Viewer, form: dict[str, str]) -> str:
+        labels.archive_experiment(
+            db=db, experiment_id=experiment_id, archived=archived, actor=viewer.principal
+        )
+        return f"/experiments/{experiment_id}"
+
+    return await perform(request, act)

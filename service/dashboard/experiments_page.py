@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, defer
 from service.api.deps import ReadSessionDep
 from service.dashboard.id_pages import id_page
 from service.dashboard.web import PageRoute, ViewerDep, render
+from service.persistence.archived import narrowed
 from service.persistence.models import Experiment, Run, Verdict
 from service.schemas import MAX_ID
 
@@ -64,8 +65,9 @@ def experiment_rows(db: Session, experiments: list[Experiment]) -> list[Experime
     return list(rows.values())
 
 
-def _url(name: str, **cursor: int | None) -> str:
+def _url(name: str, archived: bool, **cursor: int | None) -> str:
     items = [("name", name)] if name else []
+    items += [("archived", "1")] if archived else []
     items += [(k, str(v)) for k, v in cursor.items() if v is not None]
     return "/experiments?" + urlencode(items) if items else "/experiments"
 
@@ -78,10 +80,16 @@ def experiments_page(
     name: NameFilter = "",
     before: Cursor = None,
     after: Cursor = None,
+    archived: bool = False,
 ) -> HTMLResponse:
-    """Experiments, newest first, optionally those whose name contains `name`."""
+    """Experiments, newest first, optionally those whose name contains `name`; those not
+    archived, or with `archived` only the archived ones."""
     name = name.strip()
-    query = select(Experiment).options(defer(Experiment.spec))
+    query = narrowed(
+        select(Experiment).options(defer(Experiment.spec)),
+        Experiment.archived_at,
+        "true" if archived else "false",
+    )
     if name:
         query = query.where(Experiment.name.ilike(contains_pattern(name), escape="\\"))
     found = id_page(db, query, Experiment.id, limit=PAGE_SIZE, before=before, after=after)
@@ -91,7 +99,8 @@ def experiments_page(
         viewer,
         rows=experiment_rows(db, found.items),
         name=name,
-        newer_url=_url(name, after=found.newer) if found.newer else None,
-        older_url=_url(name, before=found.older) if found.older else None,
-        first_url=_url(name) if before or after else None,
+        archived=archived,
+        newer_url=_url(name, archived, after=found.newer) if found.newer else None,
+        older_url=_url(name, archived, before=found.older) if found.older else None,
+        first_url=_url(name, archived) if before or after else None,
     )

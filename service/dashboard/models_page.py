@@ -9,7 +9,13 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from service.api.deps import ReadSessionDep
-from service.dashboard.by_digest_pages import Cursor, DigestPath, list_page, users_of
+from service.dashboard.by_digest_pages import (
+    Cursor,
+    DigestPath,
+    add_archive_actions,
+    list_page,
+    users_of,
+)
 from service.dashboard.web import PageRoute, ViewerDep, render
 from service.persistence.models import Experiment, ModelDefinition
 from service.storage import model_definitions as definitions
@@ -24,6 +30,7 @@ def models_page(
     db: ReadSessionDep,
     before: Cursor = None,
     after: Cursor = None,
+    archived: bool = False,
 ) -> HTMLResponse:
     """Pushed model definitions, newest first."""
     return list_page(
@@ -36,6 +43,7 @@ def models_page(
         items="models",
         before=before,
         after=after,
+        archived=archived,
     )
 
 
@@ -54,3 +62,6 @@ def model_of(db: Session, experiment: Experiment) -> ModelDefinition | None:
     if experiment.model_digest is None:
         return None
     return definitions.find(db, experiment.model_digest)
+
+
+add_archive_actions(router, definitions.STORE, path="/models")

@@ -48,11 +48,11 @@ class ProjectRow:
 
 
 def project_rows(db: Session, names: list[str], max_compare: int) -> list[ProjectRow]:
-    """The rows of these names, in a fixed number of queries."""
+    """The rows of these names, in a fixed number of queries; archived experiments (and
+    their runs) left out."""
+    shown = Experiment.name.in_(names) & Experiment.archived_at.is_(None)
     counts = db.execute(
-        select(Experiment.name, func.count(Experiment.id))
-        .where(Experiment.name.in_(names))
-        .group_by(Experiment.name)
+        select(Experiment.name, func.count(Experiment.id)).where(shown).group_by(Experiment.name)
     )
     rows = {name: ProjectRow(name, count) for name, count in counts}
     trained = (
@@ -63,7 +63,7 @@ def project_rows(db: Session, names: list[str], max_compare: int) -> list[Projec
             func.max(Run.id),
         )
         .join(Run, Run.experiment_id == Experiment.id)
-        .where(Experiment.name.in_(names), Run.kind == "train")
+        .where(shown, Run.kind == "train")
         .group_by(Experiment.name)
     )
     for name, runs, succeeded, latest in db.execute(trained):
@@ -73,7 +73,7 @@ def project_rows(db: Session, names: list[str], max_compare: int) -> list[Projec
         select(Experiment.name, Verdict.verdict, func.count(Verdict.id))
         .join(Run, Run.experiment_id == Experiment.id)
         .join(Verdict, Verdict.run_id == Run.id)
-        .where(Experiment.name.in_(names))
+        .where(shown)
         .group_by(Experiment.name, Verdict.verdict)
     )
     for name, verdict, count in db.execute(judged):
@@ -81,7 +81,7 @@ def project_rows(db: Session, names: list[str], max_compare: int) -> list[Projec
     newest = (
         select(Experiment.name, func.max(Run.id))
         .join(Run, Run.experiment_id == Experiment.id)
-        .where(Experiment.name.in_(names), Run.kind == "train", Run.status == "succeeded")
+        .where(shown, Run.kind == "train", Run.status == "succeeded")
         .group_by(Experiment.name, Experiment.id)
     )
     for name, run_id in db.execute(newest):
@@ -106,9 +106,14 @@ def projects_page(
     after: Annotated[str | None, Query(max_length=200)] = None,
 ) -> HTMLResponse:
     """Projects by name, A to Z, optionally those whose name contains `name`; a page of
-    names at a time, walked on the name index."""
+    names at a time, walked on the name index. Archived experiments are left out."""
     name = name.strip()
-    query = select(Experiment.name).group_by(Experiment.name).order_by(Experiment.name)
+    query = (
+        select(Experiment.name)
+        .where(Experiment.archived_at.is_(None))
+        .group_by(Experiment.name)
+        .order_by(Experiment.name)
+    )
     if name:
         query = query.where(Experiment.name.ilike(contains_pattern(name), escape="\\"))
     if after is not None:

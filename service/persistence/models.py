@@ -50,6 +50,8 @@ class Experiment(Base):
     # The spec's model definition and code bundle digests: "which runs used it" by index.
     model_digest: Mapped[str | None] = mapped_column(String(80), index=True)
     code_digest: Mapped[str | None] = mapped_column(String(80), index=True)
+    # When it was archived with its ended runs (None: it is not): lists leave it out.
+    archived_at: Mapped[datetime | None]
 
     runs: Mapped[list[Run]] = relationship(back_populates="experiment", order_by="Run.id")
 
@@ -346,7 +348,15 @@ class ComparisonRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Dataset(Base):
+class _Archived:
+    """When a stored file was archived (lists leave it out, new experiments may not name
+    it) and when retention removed its bytes (its record stays; pushing them restores it)."""
+
+    archived_at: Mapped[datetime | None]
+    files_collected_at: Mapped[datetime | None]
+
+
+class Dataset(_Archived, Base):
     """A pushed dataset file, stored content-addressed under its SHA-256 digest."""
 
     __tablename__ = "datasets"
@@ -374,7 +384,7 @@ class _Pushed:
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
-class ModelDefinition(_Pushed, Base):
+class ModelDefinition(_Pushed, _Archived, Base):
     """A Keras model architecture, checked against the allow-list and stored by digest."""
 
     __tablename__ = "model_definitions"
@@ -392,7 +402,7 @@ class ModelDefinition(_Pushed, Base):
     )
 
 
-class CodeBundle(_Pushed, Base):
+class CodeBundle(_Pushed, _Archived, Base):
     """A wheel of user code (layers, generators, losses), stored by digest."""
 
     __tablename__ = "code_bundles"

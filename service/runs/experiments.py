@@ -75,11 +75,13 @@ def code_components(
     return registry.bundled_components(entry_points, f"code bundle {spec.code}")
 
 
-def check_script(db: Session | None, spec: ScriptExperimentSpec, settings: Settings) -> None:
-    """InvalidSpec unless code runs here, the script's directory is stored and holds the
-    file `script.entry` names."""
+def check_script(
+    db: Session | None, spec: ScriptExperimentSpec, settings: Settings, *, new: bool = True
+) -> None:
+    """InvalidSpec unless code runs here, the script's directory is stored (and, for a new
+    experiment, not archived) and holds the file `script.entry` names."""
     code_bundles.check_allowed(settings, loc="code")
-    bundle = code_bundles.require_held(db, spec.code, settings) if db is not None else None
+    bundle = None if db is None else code_bundles.require_held(db, spec.code, settings, new=new)
     if bundle is None:
         return
     files = {str(f.get("path")) for f in bundle.files or []}
@@ -332,19 +334,20 @@ def rerun(
         raise Conflict(f"run {run_id} was cancelled; rerun a run that was not")
     spec = original.experiment.spec
     code = spec.get("code")
-    code_bundles.require_held(db, code, settings)
+    # What it names may be archived (its runs rerun as before), not removed by retention.
+    code_bundles.require_held(db, code, settings, new=False)
     try:
         # parse_spec: a stored spec past today's bounds is a SpecError, not a 500.
         parsed = parse_any_spec(spec)
         if isinstance(parsed, ScriptExperimentSpec):
-            check_script(db, parsed, settings)
+            check_script(db, parsed, settings, new=False)
         else:
             with registry.bundled_components(code_bundles.entry_points_of(db, code), str(code)):
                 registry.check_spec(parsed)
     except SpecError as exc:
         raise Conflict(f"the experiment of run {run_id} no longer validates: {exc}") from None
-    datasets.require_held(db, (spec.get("dataset") or {}).get("data"))
-    model_definitions.require_held(db, (spec.get("model") or {}).get("definition"))
+    datasets.require_held(db, (spec.get("dataset") or {}).get("data"), new=False)
+    model_definitions.require_held(db, (spec.get("model") or {}).get("definition"), new=False)
     # Pin what the original actually ran on, so the rerun cannot silently change image.
     image = reported_image(original.provenance) or original.required_image
     new = Run(

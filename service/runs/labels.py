@@ -1,5 +1,5 @@
 """What people say of a run: its name, notes and tags (`PATCH /runs/{id}`), and whether it
-is archived; every change audit-logged.
+or its experiment is archived; every change audit-logged.
 
 A run's tags are kept in order on the run (`runs.tags`, read with a page of runs) and one
 row each in `run_tags` (read by the runs list's `tag` filter through its index); this
@@ -8,15 +8,23 @@ module is the only writer of both, so they never disagree.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import delete
+from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.orm import Session
 
 from service.auth.tokens import Principal, audit
 from service.errors import Conflict, InvalidSpec
-from service.persistence.models import TERMINAL_STATUSES, Run, RunTag, utcnow
-from service.runs.experiments import get_run
+from service.persistence.models import (
+    TERMINAL_STATUSES,
+    Experiment,
+    ExperimentParam,
+    Run,
+    RunTag,
+    utcnow,
+)
+from service.runs.experiments import get_experiment, get_run
 from service.schemas import MAX_TAGS, RunEdit
 
 
@@ -83,3 +91,67 @@ def archive(*, db: Session, run_id: int, archived: bool, actor: Principal | None
         audit(db=db, actor=actor, action=action, target_type="run", target_id=run.id)
     db.commit()
     return run
+
+
+def archive_experiment(
+    *, db: Session, experiment_id: int, archived: bool, actor: Principal | None
+) -> Experiment:
+    """Archive an experiment with its runs not archived yet (Conflict while one of them has
+    not ended), or bring it back with the runs archived with it; runs archived on their own
+    before stay archived. A rerun asked for later joins the lists as any new run does."""
+    experiment = get_experiment(db, experiment_id)
+    if (experiment.archived_at is not None) == archived:
+        return experiment
+    if archived:
+        busy = db.scalars(
+            select(Run.id)
+            .where(Run.experiment_id == experiment.id, Run.status.not_in(TERMINAL_STATUSES))
+            .order_by(Run.id)
+            .limit(3)
+        ).all()
+        if busy:
+            raise Conflict(
+                f"experiment {experiment_id} has runs that have not ended "
+                f"({', '.join(map(str, busy))}): cancel them or let them end first"
+            )
+        stamp: datetime | None = utcnow()
+    else:
+        stamp = None
+    # The runs archived with it carry its very time stamp: that is how they come back.
+    runs = update(Run).where(Run.experiment_id == experiment.id)
+    if archived:
+        runs = runs.where(Run.archived_at.is_(None)).values(archived_at=stamp)
+    else:
+        runs = runs.where(Run.archived_at == experiment.archived_at).values(archived_at=None)
+    changed = cast(CursorResult[Any], db.execute(runs)).rowcount
+    experiment.archived_at = stamp
+    audit(
+        db=db,
+        actor=actor,
+        action="experiment.archive" if archived else "experiment.unarchive",
+        target_type="experiment",
+        target_id=experiment.id,
+        details={"runs": changed},
+    )
+    db.commit()
+    return experiment
+
+
+def delete_experiment(*, db: Session, experiment_id: int, actor: Principal | None) -> None:
+    """Delete an experiment for good (admins): Conflict while it has runs (delete them
+    first, newest first: `DELETE /runs/{id}`). Audit-logged (`experiment.delete`)."""
+    experiment = get_experiment(db, experiment_id)
+    runs = db.scalars(
+        select(Run.id).where(Run.experiment_id == experiment.id).order_by(Run.id.desc()).limit(5)
+    ).all()
+    if runs:
+        raise Conflict(
+            f"experiment {experiment_id} still has runs ({', '.join(map(str, runs))}): delete "
+            "them first (repro delete), or archive the experiment"
+        )
+    details = {"name": experiment.name, "spec_hash": experiment.spec_hash}
+    db.execute(delete(ExperimentParam).where(ExperimentParam.experiment_id == experiment.id))
+    db.delete(experiment)
+    audit(db=db, actor=actor, action="experiment.delete", target_type="experiment",
+          target_id=experiment_id, details=details)  # fmt: skip
+    db.commit()

@@ -8,6 +8,12 @@ compare against them), as does the first run of a family while a rerun of it wai
 trains; a stored file shared with another run's artifact stays (files are
 content-addressed). Every collection is in the audit log (`run.collect`).
 
+Archiving an experiment archives its runs with it, so their files follow the same rules. A
+dataset, model definition or code bundle archived before the cutoff loses its bytes once no
+run that used it is left in the lists (every such run archived): a run in the lists can
+still be rerun and compared, which needs them. Its record stays, new experiments may not
+name it, and pushing the same file again restores it (`dataset.collect`, `.restore`, ...).
+
 An admin may also delete an ended run for good (`DELETE /runs/{id}`), record and all, once
 nothing refers to it (reruns, verdicts against it, refinements, spot checks)."""
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session, aliased
@@ -37,9 +44,11 @@ from service.persistence.models import (
     utcnow,
 )
 from service.runs.experiments import get_run
-from service.storage import artifacts
+from service.storage import artifacts, blob_store, code_bundles, datasets, model_definitions
+from service.storage.by_digest import ByDigest, Row
 
 BATCH = 500  # runs collected per call (and read per query): a larger backlog, later calls
+STORES: tuple[ByDigest[Any], ...] = (datasets.STORE, model_definitions.STORE, code_bundles.STORE)
 
 
 @dataclass
@@ -52,6 +61,18 @@ class Collection:
     bytes: int = 0
     kept: dict[int, str] = field(default_factory=dict)  # run -> why its files stay
     more: bool = False  # more runs are due than one call collects
+    stored: list[StoredFile] = field(default_factory=list)  # datasets, ... whose bytes went
+    stored_kept: list[StoredFile] = field(default_factory=list)  # archived, bytes kept: why
+
+
+@dataclass
+class StoredFile:
+    """A dataset, model definition or code bundle that retention removed or kept."""
+
+    kind: str
+    digest: str
+    bytes: int
+    why: str | None = None
 
 
 def why_kept(db: Session, run: Run) -> str | None:
@@ -109,7 +130,37 @@ def collect(
         last = due[-1].id
         _collect_some(db, due, found, actor=actor, dry_run=dry_run, limit=BATCH)
     found.more = found.more or len(found.runs) >= BATCH
+    for store in STORES:
+        _collect_stored(db, store, found, actor=actor, dry_run=dry_run)
     return found
+
+
+def _collect_stored(
+    db: Session, store: ByDigest[Row], found: Collection, *, actor: Principal | None, dry_run: bool
+) -> None:
+    """Remove the bytes of the kind's files archived before the cutoff that no run in the
+    lists used; the record stays (see the module)."""
+    due = db.scalars(
+        select(store.row)
+        .where(store.row.archived_at <= found.cutoff, store.row.files_collected_at.is_(None))
+        .order_by(store.row.id)
+        .limit(BATCH)
+    ).all()
+    for row in due:
+        listed = store.runs_listed(db, row.digest)
+        if listed:
+            why = f"runs not archived used it ({', '.join(map(str, listed))})"
+            found.stored_kept.append(StoredFile(store.noun, row.digest, row.size, why))
+            continue
+        found.stored.append(StoredFile(store.noun, row.digest, row.size))
+        if dry_run:
+            continue
+        row.files_collected_at = utcnow()
+        details = {"digest": row.digest, "bytes": row.size, "archived_at": str(row.archived_at)}
+        audit(db=db, actor=actor, action=f"{store.target_type}.collect",
+              target_type=store.target_type, target_id=row.id, details=details)  # fmt: skip
+        db.commit()  # the record first: should the removal fail, the bytes only linger
+        blob_store.delete(row.storage_url)
 
 
 def _collect_some(

@@ -20,9 +20,20 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.auth.tokens import GRANTS, Principal, audit
-from service.errors import DigestMismatch, Forbidden, MalformedBody, NotFound
+from service.errors import Conflict, DigestMismatch, Forbidden, InvalidSpec, MalformedBody, NotFound
+from service.persistence.archived import narrowed
 from service.persistence.file_modes import private_dir
-from service.persistence.models import CodeBundle, Dataset, Experiment, ModelDefinition, Run, Worker
+from service.persistence.models import (
+    CodeBundle,
+    Dataset,
+    Experiment,
+    ModelDefinition,
+    Run,
+    Worker,
+    utcnow,
+)
+from service.persistence.sql_datetimes import utc_iso
+from service.storage import blob_store
 from service.storage.artifacts import write_hashed
 
 DIGEST = r"^sha256:[0-9a-f]{64}$"
@@ -84,6 +95,7 @@ class ByDigest(Generic[Row]):
     noun: str  # in messages: "no {noun} ... is stored"
     target_type: str  # the audit trail's name for the kind
     action: str  # the audit trail's name for a push
+    command: str  # the CLI's group for the kind: `repro {command} unarchive`
 
     def find(self, db: Session, digest: str) -> Row | None:
         """The row of `digest`, if stored."""
@@ -98,10 +110,13 @@ class ByDigest(Generic[Row]):
             raise NotFound(f"no {self.noun} {digest} is stored")
         return found
 
-    def page(self, db: Session, *, limit: int, offset: int) -> tuple[list[Row], int]:
-        """Rows, newest first, and how many there are."""
-        total = db.scalar(select(func.count(self.row.id))) or 0
-        rows = db.scalars(select(self.row).order_by(self.row.id.desc()).limit(limit).offset(offset))
+    def page(
+        self, db: Session, *, limit: int, offset: int, archived: str = "false"
+    ) -> tuple[list[Row], int]:
+        """Rows, newest first, and how many there are; archived ones as `archived` says."""
+        query = narrowed(select(self.row), self.row.archived_at, archived)
+        total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = db.scalars(query.order_by(self.row.id.desc()).limit(limit).offset(offset))
         return list(rows), total
 
     def runs_using(
@@ -117,6 +132,104 @@ class ByDigest(Generic[Row]):
         total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
         ids = db.scalars(query.order_by(Run.id.desc()).limit(limit)).all()
         return list(ids), total
+
+    def experiments_using(self, db: Session, digest: str, *, limit: int = 5) -> list[int]:
+        """Ids of experiments (oldest first, at most `limit`) whose spec names the digest."""
+        query = select(Experiment.id).where(self.uses(digest)).order_by(Experiment.id)
+        return list(db.scalars(query.limit(limit)))
+
+    def runs_listed(self, db: Session, digest: str, *, limit: int = 3) -> list[int]:
+        """Ids of runs not archived (newest first, at most `limit`) that used the digest: while
+        there is one, its bytes stay (its rerun and its comparisons need them)."""
+        query = (
+            select(Run.id)
+            .join(Experiment, Experiment.id == Run.experiment_id)
+            .where(self.uses(digest), Run.archived_at.is_(None))
+            .order_by(Run.id.desc())
+        )
+        return list(db.scalars(query.limit(limit)))
+
+    def require_available(self, row: Row, *, loc: str, new: bool) -> None:
+        """Refuse a file whose bytes retention removed (always: push it again to restore it)
+        and, for a new experiment (`new`), an archived one: InvalidSpec at `loc` for a new
+        experiment, Conflict for a rerun of an old one."""
+        msg = None
+        if row.files_collected_at is not None:
+            msg = (
+                f"the bytes of {self.noun} {row.digest} were removed on "
+                f"{utc_iso(row.files_collected_at)}, after it had been archived longer than "
+                f"the retention; push the same file again (repro {self.command} push) to "
+                "restore it"
+            )
+        elif new and row.archived_at is not None:
+            msg = (
+                f"{self.noun} {row.digest} is archived: bring it back "
+                f"(repro {self.command} archive --undo {row.digest}) to name it in a new "
+                "experiment"
+            )
+        if msg is None:
+            return
+        if new:
+            raise InvalidSpec(f"{loc}: {msg}", errors=[{"loc": loc, "msg": msg}])
+        raise Conflict(msg)
+
+    def archive(self, db: Session, row: Row, *, archived: bool, actor: Principal | None) -> Row:
+        """Archive the file (lists leave it out, new experiments may not name it; runs that
+        used it rerun as before), or bring it back. Audit-logged (`{target_type}.archive`,
+        `.unarchive`)."""
+        if (row.archived_at is not None) != archived:
+            row.archived_at = utcnow() if archived else None
+            audit(
+                db=db,
+                actor=actor,
+                action=f"{self.target_type}.{'archive' if archived else 'unarchive'}",
+                target_type=self.target_type,
+                target_id=row.id,
+                details={"digest": row.digest},
+            )
+        db.commit()
+        return row
+
+    def again(
+        self, db: Session, row: Row, *, put: Callable[[], str], actor: Principal
+    ) -> tuple[Row, bool]:
+        """A push of bytes already recorded: their record (False), or, when retention had
+        removed them, the record with its bytes stored again by `put`, no longer archived
+        (True). Audit-logged (`{target_type}.restore`)."""
+        if row.files_collected_at is None:
+            return row, False
+        row.storage_url = put()
+        row.files_collected_at = None
+        row.archived_at = None
+        audit(
+            db=db,
+            actor=actor,
+            action=f"{self.target_type}.restore",
+            target_type=self.target_type,
+            target_id=row.id,
+            details={"digest": row.digest, "size": row.size},
+        )
+        db.commit()
+        return row, True
+
+    def delete(self, db: Session, row: Row, *, actor: Principal | None) -> None:
+        """Delete the file for good, record and bytes (admins). Conflict while an experiment
+        names it: delete those runs and experiments first, or archive it instead."""
+        named = self.experiments_using(db, row.digest)
+        if named:
+            listed = ", ".join(map(str, named))
+            raise Conflict(
+                f"{self.noun} {row.digest} cannot be deleted: experiments {listed} name it; "
+                "delete their runs and them first, or archive it"
+            )
+        url, collected = row.storage_url, row.files_collected_at is not None
+        details = {"digest": row.digest, "name": row.name, "size": row.size}
+        db.delete(row)
+        audit(db=db, actor=actor, action=f"{self.target_type}.delete",
+              target_type=self.target_type, target_id=row.id, details=details)  # fmt: skip
+        db.commit()  # the record first: bytes without one are harmless, the reverse is not
+        if not collected:
+            blob_store.delete(url)
 
     def readable(self, db: Session, digest: str, principal: Principal) -> Row:
         """The row of `digest` if the caller may download it. A caller who may not read it

@@ -37,7 +37,12 @@ def _uses(digest: str) -> ColumnElement[bool]:
 
 
 STORE = ByDigest(
-    CodeBundle, _uses, noun="code bundle", target_type="code_bundle", action="code.push"
+    CodeBundle,
+    _uses,
+    noun="code bundle",
+    target_type="code_bundle",
+    action="code.push",
+    command="code",
 )
 find = STORE.find
 get = STORE.get
@@ -86,7 +91,9 @@ def store(
     try:
         existing = find(db, digest)
         if existing is not None:
-            return existing, False
+            return STORE.again(
+                db, existing, put=lambda: store.put_file("code", digest, spooled), actor=actor
+            )
         try:
             info = inspect_wheel(
                 spooled,
@@ -116,9 +123,12 @@ def store(
         spooled.unlink(missing_ok=True)
 
 
-def require_held(db: Session, digest: str | None, settings: Settings) -> CodeBundle | None:
-    """The spec's bundle; InvalidSpec (422) at `code` when bundles are off (per `settings`)
-    or it is not stored here (None for a spec without one)."""
+def require_held(
+    db: Session, digest: str | None, settings: Settings, *, new: bool = True
+) -> CodeBundle | None:
+    """The spec's bundle; InvalidSpec (422) at `code` when bundles are off (per `settings`),
+    it is not stored here or retention removed its bytes, and for a new experiment (`new`)
+    when it is archived (None for a spec without one)."""
     if digest is None:
         return None
     check_allowed(settings, loc="code")
@@ -126,6 +136,7 @@ def require_held(db: Session, digest: str | None, settings: Settings) -> CodeBun
     if bundle is None:
         msg = f"no code bundle {digest} is stored on this server; push it first (repro code push)"
         raise InvalidSpec(f"code: {msg}", errors=[{"loc": "code", "msg": msg}])
+    STORE.require_available(bundle, loc="code", new=new)
     return bundle
 
 

@@ -37,7 +37,9 @@ def _uses(digest: str) -> ColumnElement[bool]:
     return uses
 
 
-STORE = ByDigest(Dataset, _uses, noun="dataset", target_type="dataset", action="dataset.push")
+STORE = ByDigest(
+    Dataset, _uses, noun="dataset", target_type="dataset", action="dataset.push", command="dataset"
+)
 find = STORE.find
 get = STORE.get
 
@@ -63,7 +65,9 @@ def store(
     try:
         existing = find(db, digest)
         if existing is not None:
-            return existing, False
+            return STORE.again(
+                db, existing, put=lambda: store.put_file("datasets", digest, spooled), actor=actor
+            )
         try:
             info = inspect_dataset(spooled, max_bytes=max_inflated_bytes, label=repr(name))
         except DatasetTooLarge as exc:
@@ -118,9 +122,13 @@ def require_fit(db: Session, spec: ExperimentSpec) -> None:
         raise InvalidSpec(str(exc), errors=exc.errors) from None
 
 
-def require_held(db: Session, digest: str | None) -> None:
-    """InvalidSpec (422) naming the digest when a spec refers to a dataset not stored here."""
-    if digest is None or find(db, digest) is not None:
+def require_held(db: Session, digest: str | None, *, new: bool = True) -> None:
+    """InvalidSpec (422) naming the digest when a spec refers to a dataset not stored here,
+    or whose bytes retention removed; for a new experiment (`new`), an archived one too."""
+    if digest is None:
         return
-    msg = f"no dataset {digest} is stored on this server; push it first (repro dataset push)"
-    raise InvalidSpec(msg, errors=[{"loc": "dataset.data", "msg": msg}])
+    found = find(db, digest)
+    if found is None:
+        msg = f"no dataset {digest} is stored on this server; push it first (repro dataset push)"
+        raise InvalidSpec(msg, errors=[{"loc": "dataset.data", "msg": msg}])
+    STORE.require_available(found, loc="dataset.data", new=new)

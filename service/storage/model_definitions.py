@@ -57,6 +57,7 @@ STORE = ByDigest(
     noun="model definition",
     target_type="model_definition",
     action="model.push",
+    command="model",
 )
 find = STORE.find
 get = STORE.get
@@ -125,7 +126,10 @@ def store(
     already stored answer their existing record (created False)."""
     existing = find(db, digest)
     if existing is not None:
-        return existing, False
+        store = blob_store.open_store(settings)
+        return STORE.again(
+            db, existing, put=lambda: store.put_bytes("models", digest, body), actor=actor
+        )
     info = check(body, name=name, settings=settings)
     url = blob_store.open_store(settings).put_bytes("models", digest, body)
     definition = ModelDefinition(
@@ -145,9 +149,11 @@ def store(
 
 
 def require_held(
-    db: Session, digest: str | None, *, loc: str = "model.definition"
+    db: Session, digest: str | None, *, loc: str = "model.definition", new: bool = True
 ) -> ModelDefinition | None:
-    """The stored definition a spec names, or InvalidSpec (422) naming the digest."""
+    """The stored definition a spec names, or InvalidSpec (422) naming the digest when it
+    is not stored or retention removed its bytes; for a new experiment (`new`), when it is
+    archived too."""
     if digest is None:
         return None
     found = find(db, digest)
@@ -157,6 +163,7 @@ def require_held(
             "push it first (repro model push)"
         )
         raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}])
+    STORE.require_available(found, loc=loc, new=new)
     return found
 
 

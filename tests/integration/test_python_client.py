@@ -20,6 +20,7 @@ import yaml
 from tests.cli_runner import repro
 from tests.integration.jobs import REPO, blobs_spec
 from tests.integration.service_procs import Service, running
+from tests.integration.test_datasets_api import digits_like
 
 pytestmark = pytest.mark.slow
 
@@ -240,4 +241,36 @@ def test_repro_delete_asks_first_and_says_why_a_run_stays(service: Service) -> N
     assert asked.returncode == 1 and "delete runs 999999 for good?" in asked.stdout
     missing = repro("delete", "999999", "--yes", *api, timeout=60)
     assert missing.returncode == 1 and "run 999999:" in missing.stderr
+    assert "does not exist" in missing.stderr
+
+
+def test_repro_archives_a_dataset_collects_its_bytes_and_a_push_brings_it_back(
+    service: Service, tmp_path: Path
+) -> None:
+    api = ("--api", service.url, "--token", service.admin_token)
+    data = tmp_path / "digits.npz"
+    data.write_bytes(digits_like(seed=11))
+    pushed = repro("dataset", "push", str(data), *api, timeout=60)
+    assert pushed.returncode == 0, pushed.stderr
+    digest = pushed.stdout.strip()
+
+    archived = repro("dataset", "archive", digest, "sha256:" + "0" * 64, *api, timeout=60)
+    assert archived.returncode == 1  # the second is not stored
+    assert f"dataset {digest} archived" in archived.stdout
+    assert "no dataset sha256:000" in archived.stderr
+    listed = repro("dataset", "list", "--json", *api, timeout=60)
+    assert digest not in [d["digest"] for d in json.loads(listed.stdout)["items"]]
+    shown = repro("dataset", "list", "--archived", "true", "--json", *api, timeout=60)
+    assert [d["digest"] for d in json.loads(shown.stdout)["items"]] == [digest]
+
+    collected = repro("collect", "--days", "0", *api, timeout=60)
+    assert collected.returncode == 0, collected.stderr
+    assert f"removed dataset {digest} (" in collected.stdout
+    assert json.loads(repro("dataset", "show", digest, "--json", *api).stdout)["files_collected_at"]
+    again = repro("dataset", "push", str(data), "--json", *api, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["files_collected_at"] is None
+
+    missing = repro("experiment", "archive", "999999", *api, timeout=60)
+    assert missing.returncode == 1 and "experiment 999999:" in missing.stderr
     assert "does not exist" in missing.stderr

@@ -19,6 +19,7 @@ from service.schemas import (
     KeptRun,
     Page,
     PlainText,
+    StoredFileOut,
     TokenCreated,
     TokenIn,
     TokenOut,
@@ -79,9 +80,11 @@ def collect(
 ) -> CollectionOut:
     """Remove the files (checkpoints, model, job log) of runs archived longer than the
     retention (`REPRO_ARCHIVE_RETENTION_DAYS`, or `retention_days`); their records stay. A
-    family's reference keeps its files while a rerun of it is not archived. Each run
-    collected is in the audit log (`run.collect`). Run it daily, e.g. `repro admin collect`
-    from a scheduled job."""
+    family's reference keeps its files while a rerun of it is not archived. Archived
+    datasets, model definitions and code bundles lose their bytes too, once no run in the
+    lists used them (their records stay; pushing the same file restores them). Each removal
+    is in the audit log (`run.collect`, `dataset.collect`, ...). Run it daily, e.g. `repro
+    admin collect` from a scheduled job."""
     days = settings.archive_retention_days if retention_days is None else retention_days
     found = retention.collect(db, retention_days=days, actor=admin, dry_run=dry_run)
     return CollectionOut(
@@ -93,4 +96,8 @@ def collect(
         bytes=found.bytes,
         kept=[KeptRun(run=r, why=w) for r, w in found.kept.items()],
         more=found.more,
+        stored=[StoredFileOut.model_validate(f, from_attributes=True) for f in found.stored],
+        stored_kept=[
+            StoredFileOut.model_validate(f, from_attributes=True) for f in found.stored_kept
+        ],
     )

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from service.api import stored
 from service.api.deps import (
     AnyRole,
+    Archived,
     Offset,
     ReadAccess,
     ReadSessionDep,
@@ -22,7 +23,7 @@ from service.api.deps import (
 from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.persistence.models import CodeBundle
-from service.schemas import Page, UtcDatetime
+from service.schemas import Page, StoredState, UtcDatetime
 from service.storage import blob_store, by_digest, code_bundles
 
 router = APIRouter(prefix="/code", tags=["code"], route_class=JsonRoute)
@@ -42,7 +43,7 @@ class CodeEntryPoint(BaseModel):
     value: str
 
 
-class CodeBundleOut(BaseModel):
+class CodeBundleOut(StoredState):
     """A pushed code bundle: its digest (what a spec's `code` names), its files with their
     digests, the components it declares, and who pushed it."""
 
@@ -95,7 +96,8 @@ async def push(
     matching its RECORD digest, entry points only in the `reprotrain.generators`,
     `.architectures` and `.losses` groups (422 with the reason, naming any other group,
     otherwise; nothing stored). Past `REPRO_MAX_CODE_BUNDLE_BYTES`: 413. With
-    `REPRO_ALLOW_CODE_BUNDLES=false`: 422. Pushing bytes already stored answers 200.
+    `REPRO_ALLOW_CODE_BUNDLES=false`: 422. Pushing bytes already stored answers 200
+    (201 when retention had removed them: they are stored again).
     """
     code_bundles.check_allowed(settings)
     digest = by_digest.declared_digest(x_content_sha256)
@@ -134,9 +136,12 @@ def list_bundles(
     _: ReadAccess,
     limit: stored.Limit = 50,
     offset: Offset = 0,
+    archived: Archived = "false",
 ) -> Page[CodeBundleOut]:
-    """Code bundles, newest first."""
-    return stored.page_of(code_bundles.STORE, db, CodeBundleOut, limit=limit, offset=offset)
+    """Code bundles, newest first; archived ones only when asked (`archived`)."""
+    return stored.page_of(
+        code_bundles.STORE, db, CodeBundleOut, limit=limit, offset=offset, archived=archived
+    )
 
 
 @router.get("/{digest}", response_model=CodeBundleDetail, responses=errors(404, 422))
@@ -157,3 +162,6 @@ def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> Respo
         filename=bundle.wheel_filename,
         principal=principal,
     )
+
+
+stored.add_archive_routes(router, code_bundles.STORE, detail=_detail, detail_model=CodeBundleDetail)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from service.api import stored
 from service.api.deps import (
     AnyRole,
+    Archived,
     Offset,
     ReadAccess,
     ReadSessionDep,
@@ -53,7 +54,8 @@ async def push(
     byte (422 with the reason: truncated or malformed, object dtypes, arrays that disagree
     on the number of samples, arrays declaring more than `REPRO_MAX_DATASET_INFLATED_BYTES`
     once inflated, refused before any is inflated). Past `REPRO_MAX_DATASET_BYTES`: 413.
-    Pushing bytes already stored answers 200 with the existing record.
+    Pushing bytes already stored answers 200 with the existing record (201 when retention
+    had removed them: they are stored again).
     """
     digest = by_digest.declared_digest(x_content_sha256)
     by_digest.check_name(name)
@@ -89,9 +91,12 @@ def list_datasets(
     _: ReadAccess,
     limit: stored.Limit = 50,
     offset: Offset = 0,
+    archived: Archived = "false",
 ) -> Page[DatasetOut]:
-    """Datasets, newest first."""
-    return stored.page_of(datasets.STORE, db, DatasetOut, limit=limit, offset=offset)
+    """Datasets, newest first; archived ones only when asked (`archived`)."""
+    return stored.page_of(
+        datasets.STORE, db, DatasetOut, limit=limit, offset=offset, archived=archived
+    )
 
 
 @router.get("/{digest}", response_model=DatasetDetail, responses=errors(404, 422))
@@ -111,3 +116,6 @@ def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> Respo
     return stored.content_file(
         dataset.storage_url, digest=dataset.digest, filename=filename, principal=principal
     )
+
+
+stored.add_archive_routes(router, datasets.STORE, detail=_detail, detail_model=DatasetDetail)

@@ -8,6 +8,8 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from sqlalchemy import func, select
 
 from service.api.deps import (
+    AdminAccess,
+    Archived,
     IdPath,
     Offset,
     PriorityQuery,
@@ -21,9 +23,10 @@ from service.api.responses import errors
 from service.api.routing import JsonRoute
 from service.api.views import run_out
 from service.errors import BodyTooLarge, InvalidSpec, UnsupportedMediaType
+from service.persistence.archived import narrowed
 from service.persistence.models import Experiment
 from service.runs import experiments as svc
-from service.runs import fair_share
+from service.runs import fair_share, labels
 from service.schemas import MAX_AUDIT_COPIES, ExperimentOut, Page, SubmitOut
 from worker.spec import ScriptExperimentSpec, held_out_warnings
 
@@ -154,10 +157,12 @@ def list_experiments(
     _: ReadAccess,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
+    archived: Archived = "false",
 ) -> Page[ExperimentOut]:
-    """Experiments, newest first."""
-    total = db.scalar(select(func.count(Experiment.id))) or 0
-    rows = db.scalars(select(Experiment).order_by(Experiment.id.desc()).limit(limit).offset(offset))
+    """Experiments, newest first; archived ones only when asked (`archived`)."""
+    query = narrowed(select(Experiment), Experiment.archived_at, archived)
+    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = db.scalars(query.order_by(Experiment.id.desc()).limit(limit).offset(offset))
     return Page(
         items=[ExperimentOut.model_validate(e) for e in rows],
         total=total,
@@ -170,3 +175,34 @@ def list_experiments(
 def get_experiment(experiment_id: IdPath, db: ReadSessionDep, _: ReadAccess) -> ExperimentOut:
     """One experiment."""
     return ExperimentOut.model_validate(svc.get_experiment(db, experiment_id))
+
+
+@router.post(
+    "/{experiment_id}/archive", response_model=ExperimentOut, responses=errors(404, 409, 422)
+)
+def archive(experiment_id: IdPath, db: SessionDep, principal: SubmitAccess) -> ExperimentOut:
+    """Archive an experiment with its runs (409 while one of them has not ended): lists
+    leave them out unless asked, their files go after the retention (`POST
+    /admin/collect`). Audit-logged (`experiment.archive`, with how many runs)."""
+    found = labels.archive_experiment(
+        db=db, experiment_id=experiment_id, archived=True, actor=principal
+    )
+    return ExperimentOut.model_validate(found)
+
+
+@router.post("/{experiment_id}/unarchive", response_model=ExperimentOut, responses=errors(404, 422))
+def unarchive(experiment_id: IdPath, db: SessionDep, principal: SubmitAccess) -> ExperimentOut:
+    """Bring an archived experiment back with the runs archived with it (runs archived on
+    their own before stay so). Audit-logged (`experiment.unarchive`)."""
+    found = labels.archive_experiment(
+        db=db, experiment_id=experiment_id, archived=False, actor=principal
+    )
+    return ExperimentOut.model_validate(found)
+
+
+@router.delete("/{experiment_id}", status_code=204, responses=errors(404, 409, 422))
+def delete(experiment_id: IdPath, db: SessionDep, admin: AdminAccess) -> Response:
+    """Delete an experiment for good (admins): 409 while it has runs (delete them first,
+    `DELETE /runs/{id}`). Audit-logged (`experiment.delete`)."""
+    labels.delete_experiment(db=db, experiment_id=experiment_id, actor=admin)
+    return Response(status_code=204)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from service.api import stored
 from service.api.deps import (
     AnyRole,
+    Archived,
     Offset,
     ReadAccess,
     ReadSessionDep,
@@ -57,7 +58,8 @@ async def push(
     layer path and class: `Lambda`, custom objects, modules outside keras), within
     `REPRO_MAX_MODEL_DEFINITION_DEPTH` and `_LAYERS`, and its parameter count within
     `REPRO_MAX_MODEL_PARAMETERS` (422). Past `REPRO_MAX_MODEL_DEFINITION_BYTES`: 413.
-    A refusal stores nothing. Pushing bytes already stored answers 200 with the record.
+    A refusal stores nothing. Pushing bytes already stored answers 200 with the record
+    (201 when retention had removed them: they are stored again).
     """
     digest = by_digest.declared_digest(x_content_sha256)
     by_digest.check_name(name)
@@ -79,9 +81,12 @@ def list_definitions(
     _: ReadAccess,
     limit: stored.Limit = 50,
     offset: Offset = 0,
+    archived: Archived = "false",
 ) -> Page[ModelDefinitionOut]:
-    """Model definitions, newest first."""
-    return stored.page_of(definitions.STORE, db, ModelDefinitionOut, limit=limit, offset=offset)
+    """Model definitions, newest first; archived ones only when asked (`archived`)."""
+    return stored.page_of(
+        definitions.STORE, db, ModelDefinitionOut, limit=limit, offset=offset, archived=archived
+    )
 
 
 @router.get("/{digest}", response_model=ModelDefinitionDetail, responses=errors(404, 422))
@@ -101,3 +106,8 @@ def content(digest: DigestPath, db: ReadSessionDep, principal: AnyRole) -> Respo
     return stored.content_file(
         definition.storage_url, digest=definition.digest, filename=filename, principal=principal
     )
+
+
+stored.add_archive_routes(
+    router, definitions.STORE, detail=_detail, detail_model=ModelDefinitionDetail
+)

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from service.api import reads, run_pages
 from service.api.deps import (
     AdminAccess,
+    Archived,
     IdPath,
     Offset,
     PriorityQuery,
@@ -102,10 +103,7 @@ async def list_runs(
             "`params.training.optimizer.params.learning_rate = 0.003 and metrics.accuracy > 0.5`",
         ),
     ] = None,
-    archived: Annotated[
-        Literal["false", "true", "any"],
-        Query(description="archived runs: left out (false), only them (true), or both (any)"),
-    ] = "false",
+    archived: Archived = "false",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
     offset: Offset = 0,
