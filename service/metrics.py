@@ -149,9 +149,15 @@ def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> I
     worker offers: one autoscaler trigger per pool selects exactly what that pool can take."""
     with maker() as db:
         queued_rows = db.execute(
-            select(Run.required_image, Run.replicas, Run.needs_code, func.count(Run.id))
+            select(
+                Run.required_image,
+                Run.replicas,
+                Run.needs_code,
+                Run.required_hardware,
+                func.count(Run.id),
+            )
             .where(Run.status == "queued")
-            .group_by(Run.required_image, Run.replicas, Run.needs_code)
+            .group_by(Run.required_image, Run.replicas, Run.needs_code, Run.required_hardware)
         ).all()
         per_worker = dict(
             db.execute(
@@ -162,36 +168,39 @@ def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> I
         )
         # JSON columns cannot be grouped by on PostgreSQL: the holders are read on their own.
         held_rows = [
-            (images, devices, per_worker[worker_id])
-            for worker_id, images, devices in db.execute(
-                select(Worker.id, Worker.images, Worker.devices).where(
+            (images, devices, pool, per_worker[worker_id])
+            for worker_id, images, devices, pool in db.execute(
+                select(Worker.id, Worker.images, Worker.devices, Worker.pool).where(
                     Worker.id.in_(list(per_worker))
                 )
             ).all()
         ]
     queued: dict[tuple[str, ...], int] = {}
-    for image, replicas, needs_code, count in queued_rows:
-        key = (image or "", str(replicas), "true" if needs_code else "false")
+    for image, replicas, needs_code, needs_hardware, count in queued_rows:
+        code = "true" if needs_code else "false"
+        key = (image or "", str(replicas), code, needs_hardware or "")
         queued[key] = queued.get(key, 0) + count
     held: dict[tuple[str, ...], int] = {}
-    for images, devices, count in held_rows:
+    for images, devices, pool, count in held_rows:
         for image in dict.fromkeys(images or [""]):  # under each name its worker answers to
-            by_image = (str(image), str(devices))
+            by_image = (str(image), str(devices), pool or "")
             held[by_image] = held.get(by_image, 0) + count
     limit = settings.metrics_max_image_labels
     queued_family = GaugeMetricFamily(
         "reprotrain_queued_runs",
         "Queued runs by the image they are pinned to (empty: any), the devices (replicas) "
-        "they need and whether they run a code bundle",
-        labels=["image", "replicas", "code"],
+        "they need, whether they run a code bundle and the hardware class they require "
+        "(empty: any; a class matches a requirement it begins with)",
+        labels=["image", "replicas", "code", "hardware"],
     )
     for labels, count in sorted(_capped(queued, limit).items()):
         queued_family.add_metric(list(labels), count)
     yield queued_family
     held_family = GaugeMetricFamily(
         "reprotrain_held_runs",
-        "Running runs by each image their worker advertises and the devices it offers",
-        labels=["image", "devices"],
+        "Running runs by each image their worker advertises, the devices it offers and its "
+        "pool (REPRO_WORKER_POOL; empty: none)",
+        labels=["image", "devices", "pool"],
     )
     for labels, count in sorted(_capped(held, limit).items()):
         held_family.add_metric(list(labels), count)

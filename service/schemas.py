@@ -73,6 +73,10 @@ class RunOut(BaseModel):
     priority: int = 0
     worker_id: int | None
     required_image: str | None
+    # The hardware class (or leading part, e.g. "gpu") a worker must be of to claim it, and
+    # for a rerun sent elsewhere on request what it was asked to run on ("any" or a class).
+    required_hardware: str | None = None
+    hardware_override: str | None = None
     created_at: UtcDatetime
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None

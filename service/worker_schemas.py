@@ -12,6 +12,7 @@ from service.runs.logs import PIECE_CHARS
 from service.runs.reported_values import checked_progress, metrics_problems
 from service.schemas import MAX_DEVICES, MAX_ID, Id, PlainText, StrictInput, UtcDatetime
 from service.storage.artifacts import SAFE_NAME, SHA256_HEX
+from worker.record.hardware import MAX_CLASS_CHARS, REQUIREMENT_PATTERN
 from worker.result import JobResult
 
 # A capability string: an executor's name, or an image reference (a rerun pins the image
@@ -43,6 +44,12 @@ class RegisterIn(StrictInput):
     # What its reproducibility checks flagged at start; None when it did not run them. The
     # count is bounded by REPRO_MAX_WORKER_FLAGS.
     readiness_flags: list[ReadinessFlag] | None = Field(default=None, max_length=256)
+    # Its hardware class (worker.record.hardware): runs requiring one go only to its workers.
+    hardware_class: str | None = Field(
+        default=None, max_length=MAX_CLASS_CHARS, pattern=REQUIREMENT_PATTERN
+    )
+    # The pool it belongs to (REPRO_WORKER_POOL): a label of its held runs, for autoscalers.
+    pool: PlainText | None = Field(default=None, max_length=200)
 
 
 class RegisterOut(BaseModel):
@@ -80,6 +87,8 @@ class WorkerOut(BaseModel):
     devices: int
     accepts_code: bool = False
     readiness_flags: list[dict[str, str]] | None = None
+    hardware_class: str | None = None
+    pool: str | None = None
     registered_at: UtcDatetime
     last_seen_at: UtcDatetime
 

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from worker.errors import MalformedSpecError, SpecError
+from worker.record import hardware
 from worker.training.seeds import SeedTuple, seed_tuple
 
 SPEC_VERSION = 1
@@ -169,6 +170,16 @@ class DistributionSpec(_Strict):
 
 class EnvironmentSpec(_Strict):
     image: str | None = Field(default=None, max_length=500)
+    # The hardware class a worker must be of (worker.record.hardware), or a leading part
+    # of one: "gpu" (any GPU), "gpu:nvidia-h100-80gb-hbm3", "cpu:authenticamd". None: any.
+    hardware: str | None = Field(
+        default=None, max_length=hardware.MAX_CLASS_CHARS, pattern=hardware.REQUIREMENT_PATTERN
+    )
+
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _lowercase(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
 
 
 class _SpecBase(_Strict):
@@ -200,8 +211,24 @@ class _SpecBase(_Strict):
         return self.model_copy(update={"seed": seed_tuple(seed)})
 
     def canonical_json(self) -> str:
-        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling."""
-        return canonical_json(self.model_dump(mode="json"))
+        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling.
+
+        Fields added after the first spec version are left out while they hold their
+        default, so every spec written before them keeps its hash (and its reruns match).
+        """
+        data = self.model_dump(mode="json")
+        for path, default in self._later_fields():
+            *parents, key = path
+            target: Any = data
+            for parent in parents:
+                target = target.get(parent) if isinstance(target, dict) else None
+            if isinstance(target, dict) and key in target and target[key] == default:
+                del target[key]
+        return canonical_json(data)
+
+    @classmethod
+    def _later_fields(cls) -> tuple[tuple[tuple[str, ...], Any], ...]:
+        return _LATER_FIELDS
 
     def spec_hash(self) -> str:
         """`sha256:<hex>` of the canonical JSON; equal specs hash equal however written."""
@@ -221,22 +248,6 @@ class ExperimentSpec(_SpecBase):
     # A code bundle (a wheel stored by digest, `repro code push`) whose entry points add the
     # generators and architectures the spec names.
     code: str | None = Field(default=None, pattern=DIGEST_PATTERN)
-
-    def canonical_json(self) -> str:
-        """Canonical JSON: sorted keys, no whitespace, numbers in one spelling.
-
-        Fields added after the first spec version are left out while they hold their
-        default, so every spec written before them keeps its hash (and its reruns match).
-        """
-        data = self.model_dump(mode="json")
-        for path, default in _LATER_FIELDS:
-            *parents, key = path
-            target = data
-            for parent in parents:
-                target = target[parent]
-            if target.get(key) == default:
-                del target[key]
-        return canonical_json(data)
 
 
 MAX_SCRIPT_ARGS = 256
@@ -289,6 +300,10 @@ class ScriptExperimentSpec(_SpecBase):
     determinism: DeterminismSpec = Field(default_factory=DeterminismSpec)
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
 
+    @classmethod
+    def _later_fields(cls) -> tuple[tuple[tuple[str, ...], Any], ...]:
+        return _SCRIPT_LATER_FIELDS
+
 
 AnySpec = ExperimentSpec | ScriptExperimentSpec
 
@@ -302,6 +317,11 @@ _LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("model", "definition"), None),
     (("determinism", "tf32"), None),
     (("training", "steps_per_execution"), 1),
+    (("environment", "hardware"), None),
+)
+# Those added after script experiments were.
+_SCRIPT_LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("environment", "hardware"), None),
 )
 
 

@@ -156,6 +156,7 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
             replicas=row.replicas,
             settings=settings,
             needs_code=(row.spec or {}).get("code") is not None,
+            required_hardware=row.required_hardware,
         )
         if row.status == "queued"
         else None

@@ -134,6 +134,8 @@ def register_worker(
     max_images: int | None = None,
     max_names: int | None = None,
     max_flags: int | None = None,
+    hardware_class: str | None = None,
+    pool: str | None = None,
 ) -> Worker:
     """The worker of this name, created or refreshed: a name is one worker's identity.
 
@@ -170,6 +172,7 @@ def register_worker(
         worker.hostname, worker.executors, worker.images = hostname, executors, images
         worker.gpu, worker.last_seen_at = gpu, utcnow()
         worker.accepts_code, worker.readiness_flags = accepts_code, readiness_flags
+        worker.hardware_class, worker.pool = hardware_class, pool
         worker.gpus, worker.cpu_devices = device_counts(gpu, gpus, cpu_devices)
         worker.devices = worker.gpus or worker.cpu_devices or 1
         try:

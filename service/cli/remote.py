@@ -250,16 +250,25 @@ def rerun(
             "configured) on a worker; the comparison names what differs in the environment",
         ),
     ] = False,
+    hardware: Annotated[
+        str | None,
+        typer.Option(
+            help="run on this hardware class (or leading part, e.g. gpu), or any, instead "
+            "of the class the run trained on; the comparison reports the change",
+        ),
+    ] = None,
 ) -> None:
-    """Rerun a run by id; with --wait, print the verdict (exit 1 unless identical)."""
+    """Rerun a run by id, on the hardware class it trained on; with --wait, print the
+    verdict (exit 1 unless identical)."""
     from reprotrain import ApiError
 
     client = repro_client(api, token, token_file)
     try:
-        new = client.rerun(run_id, priority=priority, on_worker=on_worker)
+        new = client.rerun(run_id, priority=priority, on_worker=on_worker, hardware=hardware)
     except ApiError as exc:
         raise api_error_exit(exc) from None
-    line = f"run {new.id} queued (rerun of {run_id})"
+    line = f"run {new.id} queued (rerun of {run_id}"
+    line += f", on {new.raw['required_hardware']})" if new.raw.get("required_hardware") else ")"
     _queued(client, new.id, new.raw, line, wait=wait, as_json=as_json, timeout=timeout)
 
 

@@ -494,14 +494,14 @@ def worker(
 
 def _run_worker(api: str, token: str | None, *, enroll: bool, **options: Any) -> None:
     """The agent until it stops; exit 2 with the reason when it cannot start."""
-    from worker.node.agent import WorkDirBusy, default_work_dir, run_agent
+    from worker.node.agent import GpusMissing, WorkDirBusy, default_work_dir, run_agent
     from worker.node.api_errors import ApiError
     from worker.node.enrollment import EnrollmentError, refused_hint
     from worker.node.executors import ExecutorUnavailable
 
     try:
         run_agent(api, token, enroll=enroll, **options)
-    except (ExecutorUnavailable, WorkDirBusy, EnrollmentError) as exc:
+    except (ExecutorUnavailable, WorkDirBusy, EnrollmentError, GpusMissing) as exc:
         err.print(f"[red]cannot start the worker:[/red] {exc}")
         raise typer.Exit(2) from None
     except ApiError as exc:

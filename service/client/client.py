@@ -322,14 +322,24 @@ class Client:
             if cursor is None or not page.items:
                 return
 
-    def rerun(self, run_id: RunRef, *, priority: int = 0, on_worker: bool = False) -> Run:
-        """Queue a rerun of a run (same spec, same seed); returns the new run. A `priority`
-        above 0 goes before other submitters' runs (admin tokens only). A run recorded by
-        hand (`python train.py` with the service configured) is retrained on a worker only
-        with `on_worker`."""
+    def rerun(
+        self,
+        run_id: RunRef,
+        *,
+        priority: int = 0,
+        on_worker: bool = False,
+        hardware: str | None = None,
+    ) -> Run:
+        """Queue a rerun of a run (same spec, same seed, on the hardware class it trained
+        on); returns the new run. A `priority` above 0 goes before other submitters' runs
+        (admin tokens only). A run recorded by hand (`python train.py` with the service
+        configured) is retrained on a worker only with `on_worker`. `hardware` sends it to
+        another class (or leading part: "gpu"), or "any"; its comparison reports that."""
         params: dict[str, Any] = {"priority": priority} if priority else {}
         if on_worker:
             params["on_worker"] = "true"
+        if hardware is not None:
+            params["hardware"] = hardware
         return self._run(
             self._http.json("POST", f"/runs/{_id(run_id)}/rerun", params=params or None)
         )

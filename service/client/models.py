@@ -185,6 +185,10 @@ class RunState(ApiModel):
     tags: list[str] | None = None
     notes: str | None = None
     archived_at: datetime | None = None  # when it was archived (`Client.archive_run`)
+    # The hardware class (or leading part) a worker must be of; and, for a rerun sent
+    # elsewhere on request, what it was asked to run on (`Client.rerun(hardware=...)`).
+    required_hardware: str | None = None
+    hardware_override: str | None = None
     final_fingerprint: str | None = None
     error: dict[str, Any] | None = None
     verdict: str | None = None

@@ -126,6 +126,10 @@ class Worker(Base):
     devices: Mapped[int] = mapped_column(default=1, server_default="1")
     # The worker runs code bundles (a sandboxed executor, or an operator's explicit opt-in).
     accepts_code: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Its hardware class (worker.record.hardware): runs requiring a class go only to workers
+    # of it; and the pool it belongs to (REPRO_WORKER_POOL), a label of its held runs.
+    hardware_class: Mapped[str | None] = mapped_column(String(300))
+    pool: Mapped[str | None] = mapped_column(String(200))
     # What the reproducibility checks flagged when the worker started ([{"check", "message"}]);
     # None when its agent did not run them.
     readiness_flags: Mapped[list[Any] | None]
@@ -213,6 +217,11 @@ class Run(Base):
     archived_at: Mapped[datetime | None]
     # When retention removed its files (checkpoints, model, log); its record stays.
     files_collected_at: Mapped[datetime | None]
+    # The hardware class (or a leading part of one: "gpu") a worker must be of to claim it:
+    # the spec's `environment.hardware`, or for a rerun its run's class; `hardware_override`
+    # holds what a rerun was asked to run on instead ("any" or a class), else None.
+    required_hardware: Mapped[str | None] = mapped_column(String(300))
+    hardware_override: Mapped[str | None] = mapped_column(String(300))
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
     verdict_record: Mapped[Verdict | None] = relationship(

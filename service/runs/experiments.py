@@ -263,6 +263,7 @@ def _queued_run(experiment: Experiment, spec: AnySpec, **columns: int | None) ->
         experiment=experiment,
         status="queued",
         required_image=spec.environment.image,
+        required_hardware=spec.environment.hardware,
         replicas=1 if isinstance(spec, ScriptExperimentSpec) else spec.distribution.replicas,
         needs_code=spec.code is not None,
         **columns,
@@ -317,10 +318,16 @@ def rerun(
     actor: Principal | None = None,
     priority: int = 0,
     on_worker: bool = False,
+    hardware: str | None = None,
 ) -> Run:
     """A new queued run of the same experiment (same spec and seed; image pinned if known).
     A run recorded by hand is retrained on a worker only when asked to (`on_worker`): its
-    environment was the user's machine, and the rerun's will be a worker's."""
+    environment was the user's machine, and the rerun's will be a worker's.
+
+    The rerun requires its run's hardware class (or, for a run that recorded none, what
+    the run required); `hardware` overrides that: "any", or a class or leading part of
+    one. The override is kept on the rerun (`hardware_override`) and its comparison says it.
+    """
     original = get_run(db, run_id)
     if original.kind != "train":
         raise Conflict(f"run {run_id} is a re-trace; rerun the run it re-traced")
@@ -350,12 +357,18 @@ def rerun(
     model_definitions.require_held(db, (spec.get("model") or {}).get("definition"), new=False)
     # Pin what the original actually ran on, so the rerun cannot silently change image.
     image = reported_image(original.provenance) or original.required_image
+    pinned = recorded_hardware(original.provenance) or original.required_hardware
+    if original.origin == "by_hand" and hardware is None:
+        pinned = original.required_hardware  # the user's machine is no worker's class
+    needs = pinned if hardware is None else (None if hardware == "any" else hardware)
     new = Run(
         experiment_id=original.experiment_id,
         rerun_of_id=original.id,
         family_id=original.family_id or original.id,
         status="queued",
         required_image=image,
+        required_hardware=needs,
+        hardware_override=hardware if hardware is not None and hardware != pinned else None,
         replicas=original.replicas,
         needs_code=code is not None,
         submitter_id=actor.token_id if actor is not None else None,
@@ -369,7 +382,7 @@ def rerun(
         action="run.rerun",
         target_type="run",
         target_id=new.id,
-        details={"rerun_of": original.id, "image": image},
+        details={"rerun_of": original.id, "image": image, "hardware": needs},
     )
     db.commit()
     return new
@@ -383,6 +396,13 @@ def reported_image(provenance: dict[str, Any] | None) -> str | None:
         return None
     found = [recorded.get(key) for key in ("id", "digest", "reference")]
     return next((value for value in found if isinstance(value, str) and value), None)
+
+
+def recorded_hardware(provenance: dict[str, Any] | None) -> str | None:
+    """The hardware class a run recorded training on, if it recorded one."""
+    recorded = (provenance or {}).get("hardware")
+    found = recorded.get("class") if isinstance(recorded, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 def cancel(*, db: Session, run_id: int, actor: Principal | None = None) -> Run:

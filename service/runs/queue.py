@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, and_, delete, exists, or_, select, true, update
+from sqlalchemy import CursorResult, and_, delete, exists, literal, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
 
 from service import metrics
@@ -30,6 +30,7 @@ from service.runs import wakeups as bell
 from service.runs.experiments import reported_image
 from service.verification import replay_identity, verdicts
 from service.verification.result_checks import Verification, image_allowed, still_the_checkpoint
+from worker.record import hardware
 from worker.result import JobResult
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def waiting_reason(
     replicas: int,
     settings: Settings,
     needs_code: bool = False,
+    required_hardware: str | None = None,
 ) -> str | None:
     """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
     none offers as many devices as it asks replicas, or it has a code bundle and no live
@@ -120,7 +122,7 @@ def waiting_reason(
     could take it)."""
     live_since = utcnow() - timedelta(seconds=settings.lease_seconds)
     live = db.execute(
-        select(Worker.images, Worker.devices, Worker.accepts_code).where(
+        select(Worker.images, Worker.devices, Worker.accepts_code, Worker.hardware_class).where(
             Worker.last_seen_at >= live_since
         )
     ).all()
@@ -139,14 +141,24 @@ def waiting_reason(
             "a worker with the docker executor, or a process worker started with --trust-code, "
             "claims it"
         )
+    if required_hardware is not None and not any(
+        hardware.matches(required_hardware, cls) for *_, cls in live
+    ):
+        classes = sorted({cls for *_, cls in live if cls})[:5]
+        seen = f" (live workers' classes: {', '.join(classes)})" if classes else ""
+        reasons.append(
+            f"it needs hardware of class {required_hardware} and no live worker is of it"
+            f"{seen}; the run stays queued until one is, or rerun it with another hardware "
+            "class (repro rerun ID --hardware CLASS, or --hardware any)"
+        )
     if required_image is not None and not any(
-        required_image in (images or []) for images, _, _ in live
+        required_image in (images or []) for images, *_ in live
     ):
         reasons.append(
             f"no live worker advertises image {required_image}; the run stays queued "
             "until a worker that runs that image claims it"
         )
-    most = max((devices for _, devices, _ in live), default=0)
+    most = max((devices for _, devices, *_ in live), default=0)
     if replicas > 1 and replicas > most:  # every worker offers one device
         offered = (
             f"the most devices any live worker offers is {most}" if live else "no worker is live"
@@ -160,16 +172,31 @@ def waiting_reason(
         (required_image is None or required_image in (images or []))
         and replicas <= devices
         and (accepts or not needs_code)
-        for images, devices, accepts in live
+        and hardware.matches(required_hardware, cls)
+        for images, devices, accepts, cls in live
     )
     if live and not reasons and not fits:  # each need is met, but never by one worker
         needs = [f"image {required_image}" if required_image else "", f"{replicas} devices"]
         needs.append("code acceptance" if needs_code else "")
+        needs.append(f"hardware {required_hardware}" if required_hardware else "")
         reasons.append(
             f"no live worker offers all it needs at once ({', '.join(n for n in needs if n)}); "
             "the run stays queued until one that does claims it"
         )
     return "; ".join(reasons) or None
+
+
+def _hardware_fits(candidate: type[Run], hardware_class: str | None) -> Any:
+    """A run requiring no class, or one this worker's class is or begins with (a class and
+    a requirement are ':'-joined segments without '%' or '_': `LIKE` matches literally)."""
+    if not hardware_class:
+        return candidate.required_hardware.is_(None)
+    mine = literal(hardware_class)
+    return or_(
+        candidate.required_hardware.is_(None),
+        candidate.required_hardware == mine,
+        mine.like(candidate.required_hardware + ":%"),
+    )
 
 
 def workers_seen(db: Session, limit: int = 500) -> list[Worker]:
@@ -195,6 +222,7 @@ def claim(*, db: Session, settings: Settings, worker_id: int, requeue: bool = Tr
             candidate.required_image.in_(worker.images or [""]),
         ),
         or_(candidate.required_worker.is_(None), candidate.required_worker == worker.name),
+        _hardware_fits(candidate, worker.hardware_class),
         # A spot check's replay never goes to the identity that trained the run (unless the
         # request allowed it), however long it waits.
         replay_identity.may_claim(candidate, worker),

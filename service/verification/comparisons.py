@@ -53,9 +53,12 @@ def checkpoints_of(db: Session, run_id: int) -> dict[int, tuple[Artifact, Artifa
 
 def _worker_facts(db: Session, run: Run) -> dict[str, Any]:
     worker = db.get(Worker, run.worker_id) if run.worker_id is not None else None
-    if worker is None:
-        return {}
-    return {"worker": {"name": worker.name, "hostname": worker.hostname, "gpu": worker.gpu}}
+    facts: dict[str, Any] = {}
+    if worker is not None:
+        facts["worker"] = {"name": worker.name, "hostname": worker.hostname, "gpu": worker.gpu}
+    if run.hardware_override is not None:  # sent to other hardware on request
+        facts["placement"] = {"hardware_override": run.hardware_override}
+    return facts
 
 
 def _trace_of(*, db: Session, run_id: int) -> list[TracePoint]:

@@ -29,7 +29,7 @@ from service.config import Settings
 from service.errors import Conflict, InvalidQuery, NotFound
 from service.persistence.models import TERMINAL_STATUSES, Run, SpotCheck, utcnow
 from service.runs import resume_points
-from service.runs.experiments import get_run, reported_image
+from service.runs.experiments import get_run, recorded_hardware, reported_image
 from service.storage import code_bundles
 from service.verification import replay_identity
 from service.verification.spot_check_reports import OUTCOMES as OUTCOMES
@@ -177,6 +177,8 @@ def _replay(run: Run, segment: Segment, check_id: int, avoid: str | None) -> Run
         # The image the run recorded running on first: a tag it was pinned by names no one
         # image, and a run not pinned at all still ran on the image it recorded.
         required_image=reported_image(run.provenance) or run.required_image,
+        # And its hardware class: a replay elsewhere proves something only on the same one.
+        required_hardware=recorded_hardware(run.provenance) or run.required_hardware,
         avoid_worker=avoid,  # the trainer's identity (None: the request allowed it)
         job_options={
             "resume_from_run": run.id,

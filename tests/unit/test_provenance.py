@@ -22,6 +22,7 @@ from worker.record import gpu_info, provenance
 
 TOP_LEVEL_KEYS = {
     "spec_hash",
+    "hardware",
     "seed",
     "package",
     "image",
@@ -253,6 +254,8 @@ def test_capture_provenance_has_every_section(captured: dict[str, Any]) -> None:
     assert captured["python"]["hash_randomization"] == sys.flags.hash_randomization
     assert captured["captured_at"].endswith("+00:00")
     assert captured["probe_errors"] == {}
+    # The first GPU's class, or without one the CPU's, as /proc/cpuinfo gives it.
+    assert captured["hardware"]["class"].startswith("gpu:" if captured["gpus"] else "cpu:")
 
 
 def test_capture_provenance_is_json_serialisable(captured: dict[str, Any]) -> None:

@@ -81,6 +81,8 @@ def _changed(path: tuple[Any, ...], value: Any) -> Any:
             return "sha256:" + "ab" * 32
         if path == ("determinism", "tf32"):
             return False
+        if path == ("environment", "hardware"):
+            return "gpu:nvidia-h100-80gb-hbm3"
         return "registry.example/img:1" if path == ("environment", "image") else 2
     if value == "autotune":
         return 3

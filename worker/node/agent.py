@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from worker.node.job import ClaimedRun, Job
 from worker.node.liveness import mark_alive
 from worker.node.readiness_probe import agent_flags
 from worker.node.reports import MAX_BACKOFF, Courier, Outbox
+from worker.record import hardware
 from worker.record.gpu_info import gpu_devices
 
 log = logging.getLogger("reprotrain.agent")
@@ -34,6 +35,31 @@ _LOCK_FILE = ".agent.lock"
 
 class WorkDirBusy(Exception):
     """Another agent holds this work directory."""
+
+
+class GpusMissing(Exception):
+    """The node shows fewer GPUs than the agent was told to expect (REPRO_EXPECT_GPUS)."""
+
+
+EXPECT_GPUS = "REPRO_EXPECT_GPUS"
+POOL = "REPRO_WORKER_POOL"
+
+
+def expected_gpus(environ: Mapping[str, str], found: int) -> None:
+    """GpusMissing when `environ` expects more GPUs than were `found`: a pod scheduled for
+    GPUs that sees none (no NVIDIA runtime, a CDI cluster) must not train GPU runs on its CPU."""
+    text = (environ.get(EXPECT_GPUS) or "").strip()
+    if not text:
+        return
+    if not text.isdigit():
+        raise GpusMissing(f"{EXPECT_GPUS} must be a whole number of GPUs, not {text!r}")
+    if found < int(text):
+        raise GpusMissing(
+            f"{EXPECT_GPUS}={text}, but the CUDA driver shows {found} GPU(s) here: the "
+            "container has no GPU runtime (set runtimeClassName: nvidia, or the NVIDIA "
+            "container toolkit), or the GPUs were not granted; not registering, so no GPU "
+            "run trains on this CPU"
+        )
 
 
 class Agent:
@@ -152,6 +178,7 @@ class Agent:
 
     def _registration(self) -> dict[str, Any]:
         gpus = gpu_devices()
+        expected_gpus(os.environ, len(gpus))
         return {
             "executors": [self.executor.kind],
             "images": list(dict.fromkeys([*self.executor.advertised_images(), *self.images])),
@@ -160,6 +187,8 @@ class Agent:
             "gpus": len(gpus),
             "cpu_devices": None if gpus else self.cpu_replicas,
             "accepts_code": bool(getattr(self.executor, "accepts_code", False)),
+            "hardware_class": hardware.this_machine(gpus)["class"],
+            "pool": os.environ.get(POOL) or None,
         }
 
     def _report_readiness(self) -> None:

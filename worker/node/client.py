@@ -202,8 +202,13 @@ class ApiClient(Transport):
         cpu_devices: int | None = None,
         accepts_code: bool = False,
         readiness_flags: list[dict[str, str]] | None = None,
+        hardware_class: str | None = None,
+        pool: str | None = None,
     ) -> dict[str, Any]:
-        """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds", "devices"}."""
+        """Register a worker; returns {"id", "lease_seconds", "heartbeat_seconds", "devices"}.
+
+        A server from before hardware classes refuses their fields (422): the worker is then
+        registered without them, as that server knows no runs that require one."""
         body: dict[str, Any] = {
             "name": name,
             "executors": executors,
@@ -217,6 +222,12 @@ class ApiClient(Transport):
             body["accepts_code"] = True
         if readiness_flags is not None:
             body["readiness_flags"] = readiness_flags
+        newer = {k: v for k, v in (("hardware_class", hardware_class), ("pool", pool)) if v}
+        try:
+            return as_dict(self._call("POST", f"{API}/workers/register", json={**body, **newer}))
+        except ApiError as exc:
+            if not newer or exc.status_code != 422 or not _refused_fields(exc, newer):
+                raise
         return as_dict(self._call("POST", f"{API}/workers/register", json=body))
 
     def enroll(self, name: str, *, hostname: str) -> dict[str, Any]:
@@ -379,6 +390,13 @@ class ApiClient(Transport):
         """Give the run back to the queue without counting a failure."""
         body = {**_holder(worker_id, attempt), "reason": reason}
         return as_dict(self._call("POST", f"{API}/runs/{run_id}/release", lease=True, json=body))
+
+
+def _refused_fields(exc: ApiError, fields: dict[str, Any]) -> bool:
+    """Whether a 422 names one of `fields` (as an unknown field of an older server)."""
+    said = " ".join(str(e.get("loc", "")) for e in exc.errors if isinstance(e, dict))
+    said += f" {exc.detail}"
+    return any(name in said for name in fields)
 
 
 def _holder(worker_id: Id, attempt: int | None) -> dict[str, Id]:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from worker.record import environment_capture, gpu_info
+from worker.record import environment_capture, gpu_info, hardware
 
 _T = TypeVar("_T")
 
@@ -335,9 +335,13 @@ def capture_provenance(
             "build": tf_facts["build"],
             "loaded": _probe(errors, "cuda.loaded", gpu_info.loaded_library_versions, no_loaded),
         },
-        "gpus": _probe(errors, "gpus", gpu_info.gpu_devices, no_gpus),
+        "gpus": (gpus := _probe(errors, "gpus", gpu_info.gpu_devices, no_gpus)),
         "tf_gpus": tf_facts["tf_gpus"],
         "cpu": _probe(errors, "cpu", cpu_info, dict.fromkeys(_CPU_KEYS)),
+        # What reruns are pinned to by default (worker.record.hardware).
+        "hardware": {
+            "class": _probe(errors, "hardware", lambda: hardware.this_machine(gpus)["class"], None)
+        },
         "os": {
             "system": platform.system() or None,
             "release": platform.release() or None,
@@ -370,6 +374,11 @@ _BREAKING: tuple[tuple[str, str], ...] = (
     ("cuda.", "another CUDA/cuDNN build or runtime: GPU kernels and their algorithms differ"),
     ("gpus.", "another GPU, SM count or driver: kernel choice and reduction order differ"),
     ("tf_gpus.", "another GPU as TensorFlow sees it: kernel choice differs"),
+    (
+        "hardware.class",
+        "another hardware class (GPU product, SM count, MIG slice or driver; CPU model or ISA "
+        "level): other kernels and reduction orders",
+    ),
     ("cpu.flags_digest", "other CPU instruction sets: oneDNN/Eigen pick other kernels"),
     ("cpu.model", "another CPU model: vector kernels and their reduction order may differ"),
     ("threads.", "other thread counts: parallel reductions sum in another order"),
@@ -394,6 +403,10 @@ _NOTED: tuple[tuple[str, str], ...] = (
     (
         "execution.",
         "one run was run by hand on its user's machine, in no worker's pinned environment",
+    ),
+    (
+        "placement.hardware_override",
+        "the rerun was sent to other hardware than its run's, on request (an override)",
     ),
 )
 

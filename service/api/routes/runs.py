@@ -49,6 +49,7 @@ from service.schemas import (
 )
 from service.verification import spot_checks
 from service.worker_schemas import StorableResult
+from worker.record.hardware import MAX_CLASS_CHARS, REQUIREMENT_PATTERN
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=JsonRoute)
 
@@ -167,8 +168,18 @@ def rerun(
         bool,
         Query(description="retrain a run recorded by hand on a worker (required for one)"),
     ] = False,
+    hardware: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_CLASS_CHARS,
+            pattern=f"^any$|{REQUIREMENT_PATTERN}",
+            description="run on this hardware class (or leading part: `gpu`), or `any`, "
+            "instead of the run's own class; the comparison reports the change",
+        ),
+    ] = None,
 ) -> RunOut:
-    """Queue a rerun: same experiment, spec, seed, code bundle and (when known) image."""
+    """Queue a rerun: same experiment, spec, seed, code bundle and (when known) image, on
+    the hardware class its run trained on unless `hardware` says otherwise."""
     priority = fair_share.check_priority(priority, principal)
     new = svc.rerun(
         db=db,
@@ -177,6 +188,7 @@ def rerun(
         settings=settings,
         priority=priority,
         on_worker=on_worker,
+        hardware=hardware,
     )
     return run_out(db, new)
 

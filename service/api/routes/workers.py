@@ -131,6 +131,8 @@ def _register(db: Session, settings: Settings, body: RegisterIn, token_id: int) 
         max_images=settings.max_worker_images,
         max_flags=settings.max_worker_flags,
         max_names=settings.max_workers_per_token,
+        hardware_class=body.hardware_class,
+        pool=body.pool,
     )
 
 
