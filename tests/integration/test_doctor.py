@@ -16,6 +16,7 @@ import pytest
 
 from tests.cli_runner import repro
 from tests.integration.service_procs import Service, WorkerProc
+from worker.record import hardware
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,22 @@ STEADY = {
     "TF_NUM_INTRAOP_THREADS": "2",
     "TF_NUM_INTEROP_THREADS": "1",
 }
-FIELDS = ("gpus", "cuda", "tf32", "op_determinism", "threads", "environment", "flags")
+FIELDS = (
+    "gpus",
+    "cuda",
+    "tf32",
+    "op_determinism",
+    "threads",
+    "cpu",
+    "onednn",
+    "xla",
+    "environment",
+    "flags",
+    "notes",
+)
+# TensorFlow's start-up banner, which each of its extension modules that carries a copy of
+# its logging prints again when loaded.
+BANNER = "oneDNN custom operations are"
 
 
 def _report(stdout: str) -> dict[str, Any]:
@@ -46,17 +62,34 @@ def test_doctor_reports_this_machine_and_exits_1_when_something_is_flagged() -> 
     assert report["threads"]["TF_NUM_INTRAOP_THREADS"] == "2"
     assert set(report["cuda"]) == {"built", "loaded", "lock"}
     assert "NCCL is not used" in report["replica_reduction"]
+    assert report["cpu"]["isa"] in (*hardware.ISA_NAMES, "baseline", None)
+    assert report["hardware_class"].startswith("gpu:" if report["gpus"] else "cpu:")
+    assert set(report["xla"]) == {"XLA_FLAGS", "TF_XLA_FLAGS"}
+    assert steady.stderr.count(BANNER) <= 1, steady.stderr
 
     flagged = repro("doctor", "--json", env={**STEADY, "TF_DETERMINISTIC_OPS": "0"})
     assert flagged.returncode == 1, flagged.stderr
     assert [f["check"] for f in _report(flagged.stdout)["flags"]] == ["op_determinism"]
     # Thread counts left to the machine are every example's case: a note with what to do,
     # not a failure (doctor once exited 1 out of the box for them, with no hint).
-    unpinned = repro("doctor", env={**STEADY, "OMP_NUM_THREADS": ""})
+    # XLA told to drop deterministic ops is a note too: TensorFlow turns them back on for
+    # what it compiles while op determinism is on.
+    unpinned = repro(
+        "doctor",
+        env={
+            **STEADY,
+            "OMP_NUM_THREADS": "",
+            "XLA_FLAGS": "--xla_gpu_deterministic_ops=false --xla_gpu_autotune_level=4",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+        },
+    )
     assert unpinned.returncode == 0, unpinned.stdout
     assert "nothing flagged" in unpinned.stdout
     assert "NOTE threads: thread counts left to the machine (OMP_NUM_THREADS" in unpinned.stdout
     assert "intra_op_threads: 1" in unpinned.stdout and "OMP_NUM_THREADS=1" in unpinned.stdout
+    assert "NOTE xla: XLA_FLAGS sets --xla_gpu_deterministic_ops=false" in unpinned.stdout
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in unpinned.stdout
+    assert unpinned.stderr.count(BANNER) <= 1, unpinned.stderr
 
 
 @pytest.fixture(scope="module")
