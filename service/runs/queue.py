@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, and_, delete, exists, literal, or_, select, true, update
+from sqlalchemy import CursorResult, and_, delete, exists, func, literal, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
 
 from service import metrics
@@ -54,12 +54,23 @@ def check_worker(db: Session, worker_id: int, principal: Principal) -> Worker:
 
 
 def requeue_expired(*, db: Session, settings: Settings) -> None:
-    """Put runs whose lease expired back in the queue, or fail them after too many attempts."""
+    """Put runs whose lease expired back in the queue, or fail them once `max_attempts` of
+    their attempts ended so without making progress.
+
+    An attempt that uploaded a checkpoint made progress: a worker preempted or scaled away
+    after checkpointing is no failure of the run, and a long run on spot machines is not
+    given up for it. A run that fails keeps its checkpoints (retention removes them once it
+    is archived)."""
     now = utcnow()
     expired = and_(Run.status == "running", Run.lease_expires_at < now)
-    given_up = db.scalars(
+    progressed = (
+        select(func.count(func.distinct(Artifact.attempt)))
+        .where(Artifact.run_id == Run.id, Artifact.kind == "checkpoint")
+        .scalar_subquery()
+    )
+    db.execute(
         update(Run)
-        .where(expired, Run.attempt >= settings.max_attempts)
+        .where(expired, Run.attempt - progressed >= settings.max_attempts)
         .values(
             status="failed",
             worker_id=None,
@@ -67,13 +78,13 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
             finished_at=now,
             error={
                 "type": "LeaseExpired",
-                "message": f"gave up after {settings.max_attempts} attempts: the worker "
-                "holding the run stopped sending heartbeats each time",
+                "message": f"gave up after {settings.max_attempts} attempts that made no "
+                "progress: the worker holding the run stopped sending heartbeats each time "
+                "before it uploaded a checkpoint (its checkpoints are kept)",
             },
         )
-        .returning(Run.id)
         .execution_options(synchronize_session=False)
-    ).all()
+    )
     requeued = db.execute(
         update(Run)
         .where(expired)
@@ -88,10 +99,6 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
         bell.note_queued(db)
         metrics.LEASE_EXPIRIES.inc(cast(CursorResult[Any], requeued).rowcount)
     db.commit()
-    for run_id in given_up:  # failed for good: their checkpoints serve no resume
-        run = db.get(Run, run_id)
-        if run is not None:
-            resume_points.prune_step_checkpoints(db, run, keep_newest=False)
 
 
 def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:

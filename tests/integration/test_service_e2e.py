@@ -266,7 +266,32 @@ def test_lease_expiry_requeues_then_fails_after_max_attempts(tmp_path: Path) -> 
         failed = svc.client.get(f"/api/v1/runs/{run_id}").json()
     assert failed["status"] == "failed" and failed["attempt"] == 2
     assert failed["error"]["type"] == "LeaseExpired"
-    assert "gave up after 2 attempts" in failed["error"]["message"]
+    assert "gave up after 2 attempts that made no progress" in failed["error"]["message"]
+
+
+def test_an_attempt_that_checkpointed_is_no_failure_and_a_run_given_up_keeps_its_checkpoints(
+    tmp_path: Path,
+) -> None:
+    from tests.integration.test_server_verification import ProtocolWorker, npz_of, state
+
+    env = {"REPRO_LEASE_SECONDS": "0.5", "REPRO_MAX_ATTEMPTS": "2"}
+    service = Service(tmp_path / "data", env=env, extra=("--no-demo",))
+    with running(service) as (svc, _):
+        run_id = svc.submit(SEED001).json()["run"]["id"]
+        spot = ProtocolWorker(svc, "spot-node")
+        assert spot.claim() == run_id
+        spot.checkpoint(run_id, 1, npz_of(state(1)), state(1))  # then the node is preempted
+        for attempt in (2, 3):  # two attempts that never checkpoint
+            time.sleep(0.7)
+            assert spot.claim() == run_id
+            assert svc.client.get(f"/api/v1/runs/{run_id}").json()["attempt"] == attempt
+        time.sleep(0.7)
+        assert spot.http.post(f"/api/v1/workers/{spot.id}/claim").status_code == 204
+        failed = svc.client.get(f"/api/v1/runs/{run_id}").json()
+        kept = svc.client.get(f"/api/v1/runs/{run_id}/artifacts").json()
+    assert failed["status"] == "failed" and failed["attempt"] == 3
+    assert "gave up after 2 attempts that made no progress" in failed["error"]["message"]
+    assert sorted(a["name"] for a in kept) == ["epoch-000001.json", "epoch-000001.npz"]
 
 
 def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path: Path) -> None:
