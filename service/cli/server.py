@@ -498,10 +498,17 @@ def _run_worker(api: str, token: str | None, *, enroll: bool, **options: Any) ->
     from worker.node.api_errors import ApiError
     from worker.node.enrollment import EnrollmentError, refused_hint
     from worker.node.executors import ExecutorUnavailable
+    from worker.node.executors.process import ImageIdentityRefused
 
     try:
         run_agent(api, token, enroll=enroll, **options)
-    except (ExecutorUnavailable, WorkDirBusy, EnrollmentError, GpusMissing) as exc:
+    except (
+        ExecutorUnavailable,
+        WorkDirBusy,
+        EnrollmentError,
+        GpusMissing,
+        ImageIdentityRefused,
+    ) as exc:
         err.print(f"[red]cannot start the worker:[/red] {exc}")
         raise typer.Exit(2) from None
     except ApiError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -49,12 +50,35 @@ def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+# A reference pinned by digest: `registry/repository@sha256:<hex>` (a tag before @ allowed).
+IMAGE_DIGEST = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(?::[\w][\w.-]{0,127})?@sha256:[0-9a-f]{64}$")
+
+
+class ImageIdentityRefused(ValueError):
+    """The image identity the agent was told is not one: runs would record a wrong image."""
+
+
 def told_images(environ: Mapping[str, str] | None = None) -> list[str]:
     """The identities of the image the agent runs in, as set in its environment: the image ID
-    (what the docker executor pins) and the registry digest (what Kubernetes pulls by)."""
+    (what the docker executor pins) and the registry digest (what Kubernetes pulls by).
+
+    ImageIdentityRefused for a value that is not one (a placeholder such as `unset`, a tag
+    without a digest): provenance would record it and reruns would be pinned to it."""
     source = os.environ if environ is None else environ
-    told = [source.get(name, "").strip() for name in ("REPRO_IMAGE_ID", "REPRO_IMAGE_DIGEST")]
-    return list(dict.fromkeys(name for name in told if name))
+    told = {name: source.get(name, "").strip() for name in ("REPRO_IMAGE_ID", "REPRO_IMAGE_DIGEST")}
+    checks = {"REPRO_IMAGE_ID": (IMAGE_ID, "sha256:<64 hex>, as `docker image inspect "
+              "--format '{{.Id}}'` prints it"),
+              "REPRO_IMAGE_DIGEST": (IMAGE_DIGEST, "REPOSITORY@sha256:<64 hex>, the reference "
+              "the pod's image is pulled by")}  # fmt: skip
+    for name, value in told.items():
+        pattern, form = checks[name]
+        if value and not pattern.fullmatch(value):
+            raise ImageIdentityRefused(
+                f"{name}={value!r} is not an image identity: it must be {form}; set both from "
+                "one step (deploy/kubernetes/pin-image.sh) or leave them unset"
+            )
+    return list(dict.fromkeys(value for value in told.values() if value))
 
 
 def job_command(
