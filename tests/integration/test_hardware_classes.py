@@ -7,30 +7,20 @@ hardware change itself; the queue metric carries each run's requirement for the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration import test_server_verification as verification
 from tests.integration.service_procs import Service
 from tests.integration.test_server_verification import SEED001, ProtocolWorker, state
+
+service = verification.service  # a real `repro serve` on SQLite, then on PostgreSQL
 
 H100 = "gpu:nvidia-h100-80gb-hbm3:sm132:80gb:full:drv555"
 A100 = "gpu:nvidia-a100-sxm4-40gb:sm108:40gb:full:drv550"
 XEON = "cpu:genuineintel:intel-r-xeon-r-platinum-8480:avx512-core-amx"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service]:
-    url = None if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    svc = Service(tmp_path / "data", database_url=url, extra=("--no-demo",))
-    try:
-        yield svc.wait_ready()
-    finally:
-        svc.stop()
 
 
 class ClassedWorker(ProtocolWorker):
