@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-from collections.abc import Iterator
+import math
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from alembic import command
@@ -13,7 +15,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import OperationalError
 
 import migrations
 from service.persistence.engine import make_engine
@@ -24,8 +27,36 @@ MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 # The key of the PostgreSQL advisory lock every migrator of a database takes: any fixed
 # 64-bit number works as long as nothing else in the database uses it ("reprotrn" in ASCII).
 MIGRATION_LOCK_KEY = 0x72657072_6F74726E
+# How long a migrator of a PostgreSQL database waits for another one's lock before it gives up:
+# a migrator stuck mid-migration (or a session left holding the lock) then fails a deployment's
+# migration step with a message, instead of hanging it until its deadline.
+LOCK_TIMEOUT_VARIABLE = "REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS"
+DEFAULT_LOCK_TIMEOUT_SECONDS = 300.0
+_LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that expired
 
 log = logging.getLogger(__name__)
+
+
+class MigrationLockTimeout(RuntimeError):
+    """Another migrator held this database's migration lock longer than this one would wait."""
+
+
+def lock_timeout_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds a PostgreSQL migrator waits for the migration lock: the positive number in
+    REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS, else 300; ValueError naming the variable otherwise."""
+    source = os.environ if environ is None else environ
+    text_value = (source.get(LOCK_TIMEOUT_VARIABLE) or "").strip()
+    if not text_value:
+        return DEFAULT_LOCK_TIMEOUT_SECONDS
+    try:
+        seconds = float(text_value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"{LOCK_TIMEOUT_VARIABLE} must be a positive number of seconds, not {text_value!r}"
+        )
+    return seconds
 
 
 def alembic_config(database_url: str) -> Config:
@@ -37,24 +68,46 @@ def alembic_config(database_url: str) -> Config:
 
 
 @contextlib.contextmanager
-def _postgres_lock(database_url: str) -> Iterator[None]:
+def _postgres_lock(database_url: str, timeout: float) -> Iterator[None]:
     # Alembic has no lock of its own: two migrators of a fresh database both create
     # alembic_version and the second fails. A session-level advisory lock, held on a
     # connection of its own while Alembic migrates on another, makes every other migrator
     # wait; the server releases it if this process dies, so a crash never leaves it held.
+    # The wait is bounded by the session's lock_timeout, which applies to advisory locks too.
     engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             got = conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
             if not got:
-                log.info("another process is migrating this database: waiting for it")
-                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+                log.info(
+                    "another process is migrating this database: waiting up to %g s for it",
+                    timeout,
+                )
+                _wait_for_lock(conn, timeout)
             try:
                 yield
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
     finally:
         engine.dispose()
+
+
+def _wait_for_lock(conn: Connection, timeout: float) -> None:
+    milliseconds = max(1, round(timeout * 1000))
+    conn.execute(text("SELECT set_config('lock_timeout', :t, false)"), {"t": f"{milliseconds}ms"})
+    try:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+        raise MigrationLockTimeout(
+            f"gave up after waiting {timeout:g} s ({LOCK_TIMEOUT_VARIABLE}) for the migration "
+            "lock of this database: another migrator holds it (a `repro db upgrade` or a server "
+            "migrating on start, still running or stuck); let it finish, or end its session "
+            "(pg_locks: locktype 'advisory'), then migrate again"
+        ) from None
+    finally:
+        conn.execute(text("RESET lock_timeout"))
 
 
 @contextlib.contextmanager
@@ -74,20 +127,27 @@ def _file_lock(database: Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def migration_lock(database_url: str) -> contextlib.AbstractContextManager[None]:
-    """Held while migrating: other migrators of the same database wait until it is released."""
+def migration_lock(
+    database_url: str, *, timeout: float | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Held while migrating: other migrators of the same database wait until it is released.
+
+    On PostgreSQL a migrator waits at most `timeout` seconds (None: `lock_timeout_seconds()`)
+    and then raises MigrationLockTimeout; a SQLite file's migrators wait without a bound."""
     url = make_url(database_url)
     if url.get_backend_name() == "postgresql":
-        return _postgres_lock(database_url)
+        return _postgres_lock(database_url, lock_timeout_seconds() if timeout is None else timeout)
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         return _file_lock(Path(url.database))
     return contextlib.nullcontext()
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
+def upgrade(
+    database_url: str, revision: str = "head", *, lock_timeout: float | None = None
+) -> None:
     """Bring the database schema up to `revision` (creating the SQLite file if needed), one
-    migrator of the database at a time."""
-    with migration_lock(database_url):
+    migrator of the database at a time (see `migration_lock` for how long one waits)."""
+    with migration_lock(database_url, timeout=lock_timeout):
         command.upgrade(alembic_config(database_url), revision)
 
 

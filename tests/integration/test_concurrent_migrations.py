@@ -73,3 +73,32 @@ def test_concurrent_migrations_all_succeed_with_the_models_schema(
             assert len(versions) == 1  # one head, recorded once
     finally:
         engine.dispose()
+
+
+def test_a_migrator_waits_a_bounded_time_for_another_ones_lock(postgres_url: str) -> None:
+    from sqlalchemy import create_engine
+
+    from service.persistence.migrate import (
+        MIGRATION_LOCK_KEY,
+        MigrationLockTimeout,
+        lock_timeout_seconds,
+        upgrade,
+    )
+
+    holder = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    try:
+        with holder.connect() as conn:  # another migrator, stuck mid-migration
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            started = time.monotonic()
+            with pytest.raises(MigrationLockTimeout, match="REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS"):
+                upgrade(postgres_url, lock_timeout=1.5)
+            waited = time.monotonic() - started
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+        assert 1.4 < waited < 30, waited
+        upgrade(postgres_url, lock_timeout=1.5)  # released: it migrates
+    finally:
+        holder.dispose()
+    assert lock_timeout_seconds({}) == 300
+    assert lock_timeout_seconds({"REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS": "2.5"}) == 2.5
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        lock_timeout_seconds({"REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS": "0"})

@@ -6,7 +6,6 @@ the pool's image (as its pods are told it) and devices then actually claim."""
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,37 +23,22 @@ from service.config import Settings
 from service.persistence.migrate import upgrade
 from service.persistence.models import Run
 from tests.integration.jobs import REPO
+from tests.unit.test_deploy_scaling import pool_value
 from worker.node.executors.process import told_images
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
 OVERLAYS = REPO / "deploy" / "kubernetes" / "overlays"
 Samples = list[tuple[str, dict[str, str], float]]
 
-# The one query shape the pools use: a sum of `(sum(max by (...) (selector)) or vector(0))`.
-_TERM = re.compile(r"\(sum\(max by \(([\w, ]+)\) \((\w+)\{([^}]*)\}\)\) or vector\(0\)\)")
-_MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
+H100 = "gpu:nvidia-h100-80gb-hbm3:sm132:80gb:full:drv555"
+XEON = "cpu:genuineintel:intel-r-xeon-r-platinum-8480:avx512-core-amx"
 
 
 def evaluate(query: str, samples: Samples) -> float:
-    """The value Prometheus gives `query` over one scrape (of one API replica)."""
-    flat = " ".join(query.split()).replace("( ", "(").replace(" )", ")")
-    terms = _TERM.findall(flat)
-    assert terms and " + ".join(m.group(0) for m in _TERM.finditer(flat)) == flat, flat
-    total = 0.0
-    for by, metric, selector in terms:
-        keys = [k.strip() for k in by.split(",")]
-        matchers = _MATCHER.findall(selector)
-        groups: dict[tuple[str, ...], float] = {}
-        for name, labels, value in samples:
-            if name != metric or not all(
-                re.fullmatch(v, labels.get(k, "")) if op == "=~" else labels.get(k, "") == v
-                for k, op, v in matchers
-            ):
-                continue
-            key = tuple(labels.get(k, "") for k in keys)
-            groups[key] = max(groups.get(key, value), value)
-        total += sum(groups.values())  # `or vector(0)`: nothing selected adds 0
-    return total
+    """The one number Prometheus gives `query` over one scrape (of one API replica)."""
+    value = pool_value(query, samples)
+    assert value is not None, f"no answer to {query}"
+    return value
 
 
 def pools() -> dict[str, dict[str, Any]]:
@@ -74,12 +58,15 @@ def pools() -> dict[str, dict[str, Any]]:
         (worker,) = pool["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
         gpus = int(worker.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        pool_name = env["REPRO_WORKER_POOL"]
         cpu = [int(a.split("=")[1]) for a in worker["args"] if a.startswith("--cpu-replicas=")]
         (trigger,) = scaled["spec"]["triggers"]
         found[name] = {
             "query": trigger["metadata"]["query"],
             "images": told_images(env),
             "devices": {"gpus": gpus} if gpus else {"cpu_devices": cpu[0]},
+            "pool": pool_name,
+            "hardware_class": H100 if gpus else XEON,  # what its nodes would advertise
         }
     return found
 
@@ -99,17 +86,19 @@ def test_each_pool_trigger_counts_what_the_pool_can_claim(tmp_path: Path) -> Non
     cpu_id, cpu_digest = found["cpu"]["images"]
     gpu_id, gpu_digest = found["gpu"]["images"]
     unknown = "sha256:" + "ef" * 32
-    # (required image, replicas, needs code) of each queued run, oldest first.
+    # (required image, replicas, needs code, required hardware) of each queued run, oldest
+    # first.
     runs = [
-        (None, 1, False),  # either pool
-        (gpu_id, 1, False),  # the GPU pool, by image ID
-        (gpu_digest, 1, False),  # the GPU pool, by registry digest
-        (cpu_id, 2, False),  # the CPU pool (two devices)
-        (unknown, 1, False),  # no pool runs that image
-        (None, 4, False),  # more devices than any pod offers
-        (None, 1, True),  # a code bundle: process workers without --trust-code refuse it
-        (gpu_id, 2, False),  # two devices on one-GPU pods
-        (cpu_digest, 1, False),  # the CPU pool, by registry digest
+        (None, 1, False, None),  # either pool
+        (gpu_id, 1, False, None),  # the GPU pool, by image ID
+        (gpu_digest, 1, False, None),  # the GPU pool, by registry digest
+        (cpu_id, 2, False, None),  # the CPU pool (two devices)
+        (unknown, 1, False, None),  # no pool runs that image
+        (None, 4, False, None),  # more devices than any pod offers
+        (None, 1, True, None),  # a code bundle: process workers without --trust-code refuse it
+        (gpu_id, 2, False, None),  # two devices on one-GPU pods
+        (cpu_digest, 1, False, None),  # the CPU pool, by registry digest
+        (None, 1, False, "gpu"),  # any GPU: the GPU pool only, never the CPU pool
     ]
     settings = Settings(data_dir=tmp_path / "data", lease_seconds=300)
     upgrade(settings.resolved_database_url)
@@ -128,7 +117,7 @@ def test_each_pool_trigger_counts_what_the_pool_can_claim(tmp_path: Path) -> Non
             for role in ("admin", "worker")
         )
         ids = []
-        for i, (image, replicas, code) in enumerate(runs):
+        for i, (image, replicas, code, needs) in enumerate(runs):
             spec = SEED001.replace("seed: 42", f"seed: {100 + i}")
             got = await admin.post(
                 "/api/v1/experiments", content=spec, headers={"content-type": "application/yaml"}
@@ -139,16 +128,27 @@ def test_each_pool_trigger_counts_what_the_pool_can_claim(tmp_path: Path) -> Non
                 db.execute(
                     update(Run)
                     .where(Run.id == ids[-1])
-                    .values(required_image=image, replicas=replicas, needs_code=code)
+                    .values(
+                        required_image=image,
+                        replicas=replicas,
+                        needs_code=code,
+                        required_hardware=needs,
+                    )
                 )
                 db.commit()
         samples = await scrape(admin)
-        assert evaluate(found["gpu"]["query"], samples) == 3  # runs 1, 2, 3
+        assert evaluate(found["gpu"]["query"], samples) == 4  # runs 1, 2, 3, 10
         assert evaluate(found["cpu"]["query"], samples) == 3  # runs 1, 4, 9
 
         workers = {}
         for name, pool in found.items():
-            body = {"name": f"{name}-0", "images": pool["images"], **pool["devices"]}
+            body = {
+                "name": f"{name}-0",
+                "images": pool["images"],
+                **pool["devices"],
+                "pool": pool["pool"],
+                "hardware_class": pool["hardware_class"],
+            }
             got = await worker.post("/api/v1/workers/register", json=body)
             assert got.status_code == 201, got.text
             workers[name] = got.json()["id"]
@@ -157,7 +157,7 @@ def test_each_pool_trigger_counts_what_the_pool_can_claim(tmp_path: Path) -> Non
         first = await worker.post(f"/api/v1/workers/{workers['gpu']}/claim")
         assert first.json()["run"]["id"] == ids[0]
         samples = await scrape(admin)
-        assert evaluate(found["gpu"]["query"], samples) == 3
+        assert evaluate(found["gpu"]["query"], samples) == 4
         assert evaluate(found["cpu"]["query"], samples) == 2
 
         claimed: dict[str, list[int]] = {"gpu": [ids[0]], "cpu": []}
@@ -165,7 +165,7 @@ def test_each_pool_trigger_counts_what_the_pool_can_claim(tmp_path: Path) -> Non
             path = f"/api/v1/workers/{workers[name]}/claim"
             while (got := await worker.post(path)).status_code == 200:
                 claimed[name].append(got.json()["run"]["id"])
-        assert sorted(claimed["gpu"]) == [ids[0], ids[1], ids[2]]
+        assert sorted(claimed["gpu"]) == [ids[0], ids[1], ids[2], ids[9]]
         assert sorted(claimed["cpu"]) == [ids[3], ids[8]]
         samples = await scrape(admin)
         for name in ("cpu", "gpu"):  # what each pool holds keeps its pods

@@ -66,9 +66,16 @@ def rendered_pools() -> dict[str, Pool]:
         objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
         (sts,) = [o for o in objects if o["kind"] == "StatefulSet"]
         (worker,) = sts["spec"]["template"]["spec"]["containers"]
-        told = [e for e in worker["env"] if e["name"].startswith("REPRO_IMAGE_")]
+        # Its image identities and pool; not REPRO_EXPECT_GPUS: a simulated GPU is a CPU device.
+        told = [
+            e
+            for e in worker["env"]
+            if e["name"].startswith("REPRO_IMAGE_") or e["name"] == "REPRO_WORKER_POOL"
+        ]
         env = {e["name"]: e["value"] for e in told}
-        assert set(env) == {"REPRO_IMAGE_ID", "REPRO_IMAGE_DIGEST", "REPRO_IMAGE_REF"}, env
+        assert set(env) == {
+            "REPRO_IMAGE_ID", "REPRO_IMAGE_DIGEST", "REPRO_IMAGE_REF", "REPRO_WORKER_POOL"
+        }, env  # fmt: skip
         local = ("worker", "--api=", "--name=", "--work-dir=")  # set per simulated pod
         options = [a for a in worker["args"] if not a.startswith(local)]
         devices = pool["devices"].get("gpus") or pool["devices"]["cpu_devices"]
@@ -82,19 +89,24 @@ def rendered_pools() -> dict[str, Pool]:
 
 
 def run_samples(run: dict[str, Any], workers: Workers) -> Samples:
-    """The series one run adds to a scrape: queued by what it needs, or held by what its
-    worker advertises."""
+    """The series one run adds to a scrape (queued by what it needs, or held by what its
+    worker advertises and the pool it is in), beside the one every scrape has."""
+    live: Samples = [("reprotrain_workers_live", {}, float(len(workers)))]
     if run["status"] == "queued":
         labels = {"image": run["required_image"] or "", "replicas": str(run["replicas"])}
-        return [("reprotrain_queued_runs", {**labels, "code": "false"}, 1.0)]
+        needs = {"code": "false", "hardware": run["required_hardware"] or ""}
+        return [("reprotrain_queued_runs", {**labels, **needs}, 1.0), *live]
     if run["status"] == "running":
         worker = workers[run["worker_id"]]
-        devices = str(worker["devices"])
+        held = {"devices": str(worker["devices"]), "pool": worker["pool"] or ""}
         return [
-            ("reprotrain_held_runs", {"image": image, "devices": devices}, 1.0)
-            for image in worker["images"]
+            *(
+                ("reprotrain_held_runs", {"image": image, **held}, 1.0)
+                for image in worker["images"]
+            ),
+            *live,
         ]
-    return []
+    return live
 
 
 class Fleet:
@@ -351,7 +363,10 @@ def _reruns_are_pinned(fleet: Fleet, trained: list[int]) -> None:
     gpu_id = fleet.pools["gpu"].images[0]
     order = sorted(trained, key=lambda i: originals[i]["provenance"]["image"]["id"] != gpu_id)
     for run_id in order:
-        got = svc.client.post(f"/api/v1/runs/{run_id}/rerun")
+        # Every simulated pod is this CPU machine, whose class its runs record and no real GPU
+        # pool would take: the reruns are pinned by image alone (test_hardware_classes and
+        # test_pool_scaling_metrics pin them by class).
+        got = svc.client.post(f"/api/v1/runs/{run_id}/rerun", params={"hardware": "any"})
         assert got.status_code == 202, got.text
         image = originals[run_id]["provenance"]["image"]["id"]
         assert got.json()["required_image"] == image

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,7 +28,11 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from service.persistence.migrate import lock_timeout_seconds
+from worker.node.agent import POOL, GpusMissing, expected_gpus
+from worker.node.dataset_cache import memory_size
 from worker.node.executors.process import job_environment, told_images
+from worker.record import hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -69,17 +74,39 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 # --- Kubernetes -------------------------------------------------------------------------
 
+# Kubernetes versions the rendered manifests must validate against: the oldest supported
+# (fsGroupChangePolicy, StatefulSet PVC retention, batch/v1 TTLs are there) and the newest.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+# The only kinds without a bundled schema: KEDA's and the Prometheus operator's.
+CUSTOM_KINDS = ("ScaledObject", "ServiceMonitor")
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+def _render(path: Path) -> str:
+    out = _run(_tool("kubectl"), "kustomize", str(path))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
 
 @pytest.fixture(scope="module", params=OVERLAYS)
 def overlay(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(overlay name, its rendered YAML)."""
-    kubectl = _tool("kubectl")  # renders the kustomize overlays
     name = str(request.param)
-    base = _run(kubectl, "kustomize", str(KUBERNETES / "base"))
-    assert base.returncode == 0, base.stderr
-    out = _run(kubectl, "kustomize", str(KUBERNETES / "overlays" / name))
-    assert out.returncode == 0, out.stderr
-    return name, base.stdout + "---\n" + out.stdout
+    return name, _render(KUBERNETES / "base") + "---\n" + _render(KUBERNETES / "overlays" / name)
+
+
+def _with_components(tmp_path: Path, target: str, *components: str) -> list[dict[str, Any]]:
+    """The objects of `target` (base, overlays/gpu, ...) rendered from a copy of the tree in
+    which its kustomization lists the named components, as an operator would."""
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, tree)
+    kustomization = tree / target / "kustomization.yaml"
+    config = yaml.safe_load(kustomization.read_text())
+    config["components"] = [
+        os.path.relpath(tree / "components" / c, kustomization.parent) for c in components
+    ]
+    kustomization.write_text(yaml.safe_dump(config))
+    return _objects(_render(kustomization.parent))
 
 
 def _objects(rendered: str) -> list[dict[str, Any]]:
@@ -101,29 +128,62 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found
 
 
+def _worker(objects: list[dict[str, Any]], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the pool's pod spec, its worker container)."""
+    pod = _one(objects, "StatefulSet", f"reprotrain-worker-{name}")["spec"]["template"]["spec"]
+    (worker,) = pod["containers"]
+    return pod, worker
+
+
+def _values(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _validate(path: Path, version: str) -> set[str]:
+    """The resources that passed strict validation against `version`; fails on anything else."""
+    out = _run(_tool("kubernetes-validate"), "--strict", "-k", version, str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    unchecked = [
+        line
+        for line in lines
+        if not line.startswith("INFO") and not any(kind in line for kind in CUSTOM_KINDS)
+    ]
+    assert not unchecked, "\n".join(lines)
+    assert all(f"version {version[:4]}" in line for line in lines if "passed" in line)
+    return {line.split("resource ")[1].split(" ")[0] for line in lines if "passed" in line}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_overlays_pass_strict_kubernetes_schema_validation(
-    overlay: tuple[str, str], tmp_path: Path
+    overlay: tuple[str, str], version: str, tmp_path: Path
 ) -> None:
     name, rendered = overlay
     path = tmp_path / f"{name}.yaml"
     path.write_text(rendered)
-    out = _run(_tool("kubernetes-validate"), "--strict", str(path))
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
-    # Only KEDA's custom resource has no bundled schema; everything else must have passed.
-    unchecked = [
-        line for line in lines if not line.startswith("INFO") and "ScaledObject" not in line
-    ]
-    assert not unchecked, "\n".join(lines)
-    passed = {line.split("resource ")[1].split(" ")[0] for line in lines if "passed" in line}
     assert {
         "deployment/reprotrain-api",
         f"statefulset/reprotrain-worker-{name}",
+        f"service/reprotrain-worker-{name}",
         f"poddisruptionbudget/reprotrain-worker-{name}",
         "job/reprotrain-migrate",
         "service/reprotrain-api",
         "networkpolicy/reprotrain-workers",
-    } <= passed
+        "networkpolicy/reprotrain-dns",
+        "networkpolicy/reprotrain-database",
+        "networkpolicy/reprotrain-object-store",
+    } <= _validate(path, version)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_overlays_with_every_component_pass_strict_validation(version: str, tmp_path: Path) -> None:
+    base = _with_components(tmp_path / "base", "base", "service-monitor")
+    gpu = _with_components(tmp_path / "gpu", "overlays/gpu", "nvidia-runtime", "spot-workers")
+    path = tmp_path / "all.yaml"
+    path.write_text(yaml.safe_dump_all([*base, *gpu]))
+    assert {"deployment/reprotrain-api", "statefulset/reprotrain-worker-gpu"} <= _validate(
+        path, version
+    )
 
 
 def test_every_image_is_pinned_by_digest(overlay: tuple[str, str]) -> None:
@@ -136,22 +196,30 @@ def test_every_image_is_pinned_by_digest(overlay: tuple[str, str]) -> None:
     assert not unpinned
 
 
-def test_every_worker_learns_its_image(overlay: tuple[str, str]) -> None:
+def test_every_worker_learns_its_image_and_pool_from_one_place(overlay: tuple[str, str]) -> None:
     name, rendered = overlay
     objects = _objects(rendered)
     workers = [o for o in objects if o["kind"] == "StatefulSet"]
     assert [w["metadata"]["name"] for w in workers] == [f"reprotrain-worker-{name}"]
-    for pool in workers:
-        for worker in pool["spec"]["template"]["spec"]["containers"]:
-            env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
-            assert "--executor=process" in worker["args"]
-            assert DIGEST.match(worker["image"])
-            # The registry digest it is pulled by, and the image ID the docker executor pins:
-            # the agent advertises both, and its jobs record both as provenance.
-            assert env["REPRO_IMAGE_DIGEST"] == env["REPRO_IMAGE_REF"] == worker["image"]
-            assert re.fullmatch(r"sha256:[0-9a-f]{64}", env["REPRO_IMAGE_ID"] or "")
-            assert told_images(env) == [env["REPRO_IMAGE_ID"], worker["image"]]
-            assert told_images(job_environment(env)) == told_images(env)
+    # The overlay's image.yaml, which pin-image.sh writes, is read and never applied.
+    (pinned,) = yaml.safe_load_all((KUBERNETES / "overlays" / name / "image.yaml").read_text())
+    assert not [o for o in objects if o["kind"] == "ConfigMap"]
+    _, worker = _worker(objects, name)
+    env = _values(worker)
+    assert "--executor=process" in worker["args"]
+    assert worker["image"] == pinned["data"]["reference"]
+    assert DIGEST.match(worker["image"])
+    # The registry digest it is pulled by, and the image ID the docker executor pins: the
+    # agent advertises both, and its jobs record both as provenance.
+    assert env["REPRO_IMAGE_DIGEST"] == env["REPRO_IMAGE_REF"] == worker["image"]
+    assert env["REPRO_IMAGE_ID"] == pinned["data"]["id"]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", env["REPRO_IMAGE_ID"])
+    assert told_images(env) == [env["REPRO_IMAGE_ID"], worker["image"]]
+    assert told_images(job_environment(env)) == told_images(env)
+    # The pool it advertises is its StatefulSet's name, and the scaler's target.
+    assert env[POOL] == f"reprotrain-worker-{name}"
+    scaled = _one(objects, "ScaledObject", f"reprotrain-worker-{name}")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == env[POOL]
 
 
 def test_every_pod_is_non_root_with_a_read_only_root(overlay: tuple[str, str]) -> None:
@@ -167,40 +235,103 @@ def test_every_pod_is_non_root_with_a_read_only_root(overlay: tuple[str, str]) -
         assert pod_ctx.get("runAsUser", 0) != 0, where
         assert pod_ctx.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
         assert pod.get("automountServiceAccountToken") is False, where
+        # A volume's ownership is changed only when its root does not match already.
+        if "fsGroup" in pod_ctx:
+            assert pod_ctx.get("fsGroupChangePolicy") == "OnRootMismatch", where
         for c in _containers(pod):
             ctx = c.get("securityContext", {})
             assert ctx.get("readOnlyRootFilesystem") is True, (where, c["name"])
             assert ctx.get("allowPrivilegeEscalation") is False, (where, c["name"])
             assert ctx.get("capabilities", {}).get("drop") == ["ALL"], (where, c["name"])
             assert not ctx.get("privileged", False), (where, c["name"])
+    assert {w for w, pod in pods.items() if "fsGroup" in pod.get("securityContext", {})} == {
+        "Deployment/reprotrain-api",
+        f"StatefulSet/reprotrain-worker-{overlay[0]}",
+    }
 
 
-def test_gpu_workers_request_gpus_and_cpu_workers_do_not(overlay: tuple[str, str]) -> None:
+def test_gpu_pools_select_one_gpu_product_and_expect_their_gpus(overlay: tuple[str, str]) -> None:
     name, rendered = overlay
     objects = _objects(rendered)
-    worker_pod = _one(objects, "StatefulSet", f"reprotrain-worker-{name}")["spec"]["template"][
-        "spec"
-    ]
+    pod, worker = _worker(objects, name)
     gpu_containers = [
-        c for _, pod in _pod_specs(objects) for c in _containers(pod) if "gpu" in c["image"]
+        c for _, p in _pod_specs(objects) for c in _containers(p) if "gpu" in c["image"]
     ]
     requested = [
         int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-        for _, pod in _pod_specs(objects)
-        for c in _containers(pod)
+        for _, p in _pod_specs(objects)
+        for c in _containers(p)
     ]
+    expected = int(_values(worker)["REPRO_EXPECT_GPUS"])
     if name == "gpu":
         assert gpu_containers
         for c in gpu_containers:
             assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1, c["name"]
-        assert worker_pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert pod["nodeSelector"] == {
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": GPU_PRODUCT,
+        }
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
-            worker_pod["tolerations"]
+            pod["tolerations"]
         )
+        # The agent refuses to register seeing fewer GPUs than the pod was granted.
+        assert expected == int(worker["resources"]["limits"]["nvidia.com/gpu"]) == 1
+        with pytest.raises(GpusMissing, match="REPRO_EXPECT_GPUS=1"):
+            expected_gpus(_values(worker), 0)
+        # The runtime class is an opt-in component: a pod naming a missing one is refused.
+        assert "runtimeClassName" not in pod
     else:
         assert not gpu_containers
         assert not any(requested)
-        assert "nodeSelector" not in worker_pod
+        assert "nodeSelector" not in pod
+        assert expected == 0
+    expected_gpus(_values(worker), expected)  # a pod seeing what it was granted registers
+
+
+def test_nvidia_runtime_component_sets_the_runtime_class(tmp_path: Path) -> None:
+    objects = _with_components(tmp_path, "overlays/gpu", "nvidia-runtime")
+    pod, _ = _worker(objects, "gpu")
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == GPU_PRODUCT
+
+
+def test_worker_threads_and_job_memory_follow_the_pod_limits(overlay: tuple[str, str]) -> None:
+    name, rendered = overlay
+    _, worker = _worker(_objects(rendered), name)
+    refs = {
+        e["name"]: e["valueFrom"]["resourceFieldRef"]
+        for e in worker["env"]
+        if "resourceFieldRef" in e.get("valueFrom", {})
+    }
+    limits = worker["resources"]["limits"]
+    for variable in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
+        assert refs[variable] == {
+            "containerName": "worker",
+            "resource": "limits.cpu",
+            "divisor": "1",
+        }
+    assert _values(worker)["TF_NUM_INTEROP_THREADS"] == "2"
+    assert refs["REPRO_WORKER_JOB_MEMORY"] == {
+        "containerName": "worker",
+        "resource": "limits.memory",
+        "divisor": "1",
+    }
+    # The limits exist (so the references resolve), and the CPU limit is the request: the
+    # threads are CPUs the pod is guaranteed.
+    assert limits["cpu"] == worker["resources"]["requests"]["cpu"]
+    assert int(limits["cpu"]) >= 1
+    # The downward API writes the memory limit in bytes; the dataset guard reads that form.
+    written = str(_quantity_bytes(limits["memory"]))
+    assert memory_size(written) == _quantity_bytes(limits["memory"]) >= 2**30
+
+
+def _quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (16Gi, 512Mi, 1G, bytes) in bytes."""
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(quantity))
+    assert match, quantity
+    scale = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6}
+    scale |= {"G": 10**9, "T": 10**12, "": 1}
+    return int(match.group(1)) * scale[match.group(2) or ""]
 
 
 def test_workers_get_time_to_checkpoint_and_keep_their_outbox(overlay: tuple[str, str]) -> None:
@@ -208,7 +339,9 @@ def test_workers_get_time_to_checkpoint_and_keep_their_outbox(overlay: tuple[str
     objects = _objects(rendered)
     pool = _one(objects, "StatefulSet", f"reprotrain-worker-{name}")
     pod = pool["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] >= 300
+    # SIGTERM's checkpoint fits in the most the cluster autoscaler grants a pod it evicts
+    # when it removes a node (--max-graceful-termination-sec, 600 by default).
+    assert pod["terminationGracePeriodSeconds"] == 600
     # The outbox lives on a volume of the pod's own, kept when the pod is replaced.
     (claim,) = pool["spec"]["volumeClaimTemplates"]
     (worker,) = pod["containers"]
@@ -225,6 +358,23 @@ def test_workers_get_time_to_checkpoint_and_keep_their_outbox(overlay: tuple[str
     assert "replicas" not in pool["spec"]  # KEDA owns the count
 
 
+def test_spot_component_fits_the_grace_period_in_the_reclaim_notice(tmp_path: Path) -> None:
+    objects = _with_components(tmp_path, "overlays/cpu", "spot-workers")
+    pod, _ = _worker(objects, "cpu")
+    assert pod["terminationGracePeriodSeconds"] == 110  # within AWS's two minutes' notice
+
+
+def test_each_statefulset_has_its_headless_service(overlay: tuple[str, str]) -> None:
+    name, rendered = overlay
+    objects = _objects(rendered)
+    pool = _one(objects, "StatefulSet", f"reprotrain-worker-{name}")
+    service = _one(objects, "Service", pool["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"
+    pod_labels = pool["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"] == pool["spec"]["selector"]["matchLabels"]
+
+
 def test_pods_bound_their_ephemeral_storage(overlay: tuple[str, str]) -> None:
     for where, pod in _pod_specs(_objects(overlay[1])):
         for c in _containers(pod):
@@ -235,56 +385,113 @@ def test_pods_bound_their_ephemeral_storage(overlay: tuple[str, str]) -> None:
                 assert volume["emptyDir"].get("sizeLimit"), (where, volume["name"])
 
 
-def test_workers_reach_only_the_api(overlay: tuple[str, str]) -> None:
+def _egress(objects: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Every egress rule of the policies that select a pod with `labels`."""
+    rules = []
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        if "Egress" not in policy["spec"]["policyTypes"]:
+            continue
+        selector = policy["spec"]["podSelector"]
+        if not selector.get("matchLabels", {}).items() <= labels.items():
+            continue
+        if not all(
+            labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])
+        ):
+            continue
+        rules += policy["spec"].get("egress", [])
+    return rules
+
+
+def test_network_policies_open_only_what_each_pod_needs(overlay: tuple[str, str]) -> None:
     objects = _objects(overlay[1])
     deny = _one(objects, "NetworkPolicy", "reprotrain-default-deny")["spec"]
     assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
-    workers = _one(objects, "NetworkPolicy", "reprotrain-workers")["spec"]
-    assert workers["ingress"] == []
-    to_api, dns, to_store = workers["egress"]
-    assert to_api["to"] == [
-        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "reprotrain-api"}}}
-    ]
-    assert {p["port"] for p in dns["ports"]} == {53}
-    # The object store by one address only (presigned URLs), the same the API reaches.
-    (store,) = to_store["to"]
-    assert set(store) == {"ipBlock"} and store["ipBlock"]["cidr"].endswith("/32")
-    api_egress = _one(objects, "NetworkPolicy", "reprotrain-api")["spec"]["egress"]
-    assert to_store in api_egress
-    pool = _one(objects, "StatefulSet", f"reprotrain-worker-{overlay[0]}")
-    labels = pool["spec"]["template"]["metadata"]["labels"]
-    assert labels["app.kubernetes.io/component"] == "worker"
+    assert _one(objects, "NetworkPolicy", "reprotrain-workers")["spec"]["ingress"] == []
+    dns = {
+        "to": [
+            {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
+            {"ipBlock": {"cidr": "169.254.20.10/32"}},  # NodeLocal DNSCache
+        ],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }
+    to_api = {
+        "to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "reprotrain-api"}}}],
+        "ports": [{"protocol": "TCP", "port": 8000}],
+    }
+    database = {
+        "to": [{"ipBlock": {"cidr": "192.0.2.20/32"}}],
+        "ports": [{"protocol": "TCP", "port": 5432}],
+    }
+    store = {
+        "to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}],
+        "ports": [{"protocol": "TCP", "port": 443}],
+    }
+    pods = {
+        where: next(o for o in objects if f"{o['kind']}/{o['metadata']['name']}" == where)
+        for where, _ in _pod_specs(objects)
+    }
+    allowed = {
+        where: _egress(objects, obj["spec"]["template"]["metadata"]["labels"])
+        for where, obj in pods.items()
+    }
+    name = overlay[0]
+    expected = {
+        "Deployment/reprotrain-api": [dns, database, store],
+        "Job/reprotrain-migrate": [dns, database],
+        # Workers, and the jobs they run: the API and, by presigned URL, the store.
+        f"StatefulSet/reprotrain-worker-{name}": [dns, to_api, store],
+    }
+
+    def canonical(rules: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+        return {w: sorted(json.dumps(r, sort_keys=True) for r in rs) for w, rs in rules.items()}
+
+    assert canonical(allowed) == canonical(expected)
+    # Every address is written once: one policy each for the database and the store.
+    for rule in (database, store):
+        assert (
+            sum(
+                rule in p["spec"].get("egress", []) for p in objects if p["kind"] == "NetworkPolicy"
+            )
+            == 1
+        )
     api = _one(objects, "NetworkPolicy", "reprotrain-api")["spec"]
-    (allowed,) = api["ingress"]
-    assert [p["port"] for p in allowed["ports"]] == [8000]
+    (reached,) = api["ingress"]
+    assert [p["port"] for p in reached["ports"]] == [8000]
 
 
-def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
+def test_api_and_job_read_their_secrets(overlay: tuple[str, str]) -> None:
     objects = _objects(overlay[1])
     (api,) = _one(objects, "Deployment", "reprotrain-api")["spec"]["template"]["spec"]["containers"]
     assert api["startupProbe"]["httpGet"]["path"] == "/readyz"
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
     secret_refs = {
-        (c["name"], e["name"]): e["valueFrom"]["secretKeyRef"]["name"]
+        (c["name"], e["name"]): (
+            e["valueFrom"]["secretKeyRef"]["name"],
+            e["valueFrom"]["secretKeyRef"].get("optional", False),
+        )
         for _, pod in _pod_specs(objects)
         for c in _containers(pod)
         for e in c.get("env", [])
         if "secretKeyRef" in e.get("valueFrom", {})
     }
     assert secret_refs == {
-        ("api", "REPRO_DATABASE_URL"): "reprotrain-database",
+        ("api", "REPRO_DATABASE_URL"): ("reprotrain-database", False),
         # The API keeps files in an external object store, and no volume of its own.
-        ("api", "REPRO_STORAGE_URL"): "reprotrain-object-store",
-        ("api", "REPRO_S3_ENDPOINT_URL"): "reprotrain-object-store",
-        ("api", "AWS_ACCESS_KEY_ID"): "reprotrain-object-store",
-        ("api", "AWS_SECRET_ACCESS_KEY"): "reprotrain-object-store",
-        ("api", "AWS_DEFAULT_REGION"): "reprotrain-object-store",
-        ("api", "REPRO_DASHBOARD_SECRET"): "reprotrain-api-keys",
-        ("api", "REPRO_PROVENANCE_KEY"): "reprotrain-api-keys",
-        ("migrate", "REPRO_DATABASE_URL"): "reprotrain-database",
+        ("api", "REPRO_STORAGE_URL"): ("reprotrain-object-store", False),
+        ("api", "REPRO_S3_ENDPOINT_URL"): ("reprotrain-object-store", True),
+        ("api", "AWS_ACCESS_KEY_ID"): ("reprotrain-object-store", False),
+        ("api", "AWS_SECRET_ACCESS_KEY"): ("reprotrain-object-store", False),
+        ("api", "AWS_DEFAULT_REGION"): ("reprotrain-object-store", True),
+        # Shared by every replica: a pod making its own would sign what others cannot read.
+        ("api", "REPRO_DASHBOARD_SECRET"): ("reprotrain-api-keys", False),
+        ("api", "REPRO_PROVENANCE_KEY"): ("reprotrain-api-keys", False),
+        # Settings the service runs without: optional.
+        ("api", "REPRO_WORKER_IMAGES"): ("reprotrain-api-keys", True),
+        ("api", "REPRO_METRICS_TOKEN_REQUIRED"): ("reprotrain-api-keys", True),
+        ("migrate", "REPRO_DATABASE_URL"): ("reprotrain-database", False),
         # Workers hold a worker token, never the database's credentials.
-        ("worker", "REPRO_TOKEN"): "reprotrain-worker-token",
+        ("worker", "REPRO_TOKEN"): ("reprotrain-worker-token", False),
     }
     # Created by the operator, never kept (with a placeholder) in the repository.
     assert not [o for o in objects if o["kind"] == "Secret"]
@@ -296,13 +503,44 @@ def test_api_probes_and_secrets(overlay: tuple[str, str]) -> None:
     budget = _one(objects, "PodDisruptionBudget", "reprotrain-api")["spec"]
     assert budget["minAvailable"] == 1
     assert budget["selector"]["matchLabels"] == deployment["selector"]["matchLabels"]
-    job = _one(objects, "Job", "reprotrain-migrate")
-    migrate = job["spec"]["template"]["spec"]
-    assert migrate["containers"][0]["args"] == ["db", "upgrade"]
-    # The Job is the one migrator; it is gone once done, so the next apply creates it anew.
     assert "--no-migrate" in api["args"]
-    assert job["spec"]["ttlSecondsAfterFinished"] == 0
     assert not any(pod.get("initContainers") for _, pod in _pod_specs(objects))
+    # The example Secret's database URL asks for TLS.
+    secrets = _objects((KUBERNETES / "secrets.example.yaml").read_text())
+    url = _one(secrets, "Secret", "reprotrain-database")["stringData"]["url"]
+    assert url.startswith("postgresql+psycopg://") and url.endswith("?sslmode=require")
+
+
+def test_migration_job_stays_for_inspection_and_bounds_its_lock_wait(
+    overlay: tuple[str, str],
+) -> None:
+    objects = _objects(overlay[1])
+    job = _one(objects, "Job", "reprotrain-migrate")
+    (migrate,) = job["spec"]["template"]["spec"]["containers"]
+    assert migrate["args"] == ["db", "upgrade"]
+    # Kept a day with its pods (each failed attempt's too), then deleted by Kubernetes.
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert 1 <= job["spec"]["backoffLimit"] <= 5
+    # The migrator waits a bounded time for another one's lock, well within the deadline.
+    timeout = lock_timeout_seconds(_values(migrate))
+    assert timeout == 300
+    assert job["spec"]["activeDeadlineSeconds"] > timeout * (job["spec"]["backoffLimit"] + 1)
+    # Argo CD runs it before syncing the API and replaces the previous one; Flux recreates it
+    # when it changes. Both are annotations, inert under kubectl.
+    assert job["metadata"]["annotations"] == {
+        "argocd.argoproj.io/hook": "PreSync",
+        "argocd.argoproj.io/hook-delete-policy": "BeforeHookCreation",
+        "kustomize.toolkit.fluxcd.io/force": "enabled",
+    }
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf", "nan"])
+def test_migration_lock_timeout_refuses_a_value_that_is_not_a_positive_number(value: str) -> None:
+    with pytest.raises(ValueError, match="REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS"):
+        lock_timeout_seconds({"REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS": value})
+    assert lock_timeout_seconds({}) == 300
+    assert lock_timeout_seconds({"REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS": " 2.5 "}) == 2.5
 
 
 def test_each_pool_scales_on_its_own_claimable_runs(overlay: tuple[str, str]) -> None:
@@ -316,22 +554,75 @@ def test_each_pool_scales_on_its_own_claimable_runs(overlay: tuple[str, str]) ->
     }
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
-    query = trigger["metadata"]["query"]
-    # What it counts is checked against a real scrape in
-    # tests/integration/test_pool_scaling_metrics.py.
-    assert "reprotrain_held_runs" in query and "reprotrain_queued_runs" in query
-    assert "|ID|" not in query and "DIGEST" not in query  # the pool's identities filled in
+    assert trigger["metricType"] == "AverageValue"  # the only type KEDA's fallback supports
+    query = " ".join(trigger["metadata"]["query"].split())
+    _, worker = _worker(objects, name)
+    env = _values(worker)
+    image_id, digest = env["REPRO_IMAGE_ID"], env["REPRO_IMAGE_DIGEST"]
+    # Held runs of this pool only; queued runs for its image, devices and hardware.
+    assert f'reprotrain_held_runs{{pool="{env[POOL]}"}}' in query
+    assert f'image=~"|{digest}|{image_id}|"' in query
+    assert 'code="false"' in query
+    if name == "gpu":
+        slug = hardware.slug(GPU_PRODUCT)  # the product as workers write it in their class
+        assert slug == "nvidia-h100-80gb-hbm3"
+        assert 'replicas="1"' in query
+        assert f'hardware=~"|gpu|gpu:{slug}(:.*)?"' in query
+    else:
+        assert 'replicas=~"1|2"' in query
+        assert 'hardware=~"|cpu(:.*)?"' in query
+    # Fails safe: no zero made up when the metrics are gone, an error instead, and KEDA's
+    # fallback keeps the pods there are.
+    assert "vector(0)" not in query
+    assert query.count("or on() (0 * max(reprotrain_workers_live))") == 2
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+    assert scaled["spec"]["fallback"] == {
+        "failureThreshold": 3,
+        "replicas": 1,
+        "behavior": "currentReplicasIfHigher",
+    }
     assert trigger["metadata"]["threshold"] == "1"
+    # The Prometheus address is written once, in the pool every overlay builds on.
+    pool_trigger = yaml.safe_load((KUBERNETES / "pool" / "worker-scaling.yaml").read_text())
+    address = pool_trigger["spec"]["triggers"][0]["metadata"]["serverAddress"]
+    assert trigger["metadata"]["serverAddress"] == address
+    for path in KUBERNETES.rglob("*.yaml"):
+        assert "vector(0)" not in path.read_text(), path
+        if path != KUBERNETES / "pool" / "worker-scaling.yaml":
+            assert not re.search(r"^\s*serverAddress:", path.read_text(), re.M), path
+
+
+def test_service_monitor_component_scrapes_the_api_with_a_token(tmp_path: Path) -> None:
+    objects = _with_components(tmp_path, "base", "service-monitor")
+    monitor = _one(objects, "ServiceMonitor", "reprotrain-api")
+    assert monitor["metadata"]["namespace"] == "reprotrain"
+    service = _one(objects, "Service", "reprotrain-api")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["authorization"]["credentials"] == {
+        "name": "reprotrain-metrics-token",
+        "key": "token",
+    }
 
 
 def test_pools_coexist_in_one_namespace() -> None:
-    kubectl = _tool("kubectl")
     names = []
     for path in (KUBERNETES / "base", *(KUBERNETES / "overlays" / n for n in OVERLAYS)):
-        out = _run(kubectl, "kustomize", str(path))
-        assert out.returncode == 0, out.stderr
-        names += [(o["kind"], o["metadata"]["name"]) for o in _objects(out.stdout)]
+        names += [(o["kind"], o["metadata"]["name"]) for o in _objects(_render(path))]
     assert len(names) == len(set(names)), sorted(names)
+
+
+def test_deploy_docs_keep_secrets_off_command_lines() -> None:
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert "--from-literal" not in readme
+    assert '--from-file=url="$S/database-url"' in readme
+    # The image ID is never copied by hand: the one script writes it with the digest.
+    assert "pin-image.sh overlays/gpu" in readme
+    assert not re.search(r"REPRO_IMAGE_ID\S* in overlays/", readme)
 
 
 # --- compose ------------------------------------------------------------------------------
@@ -371,6 +662,10 @@ def test_compose_stack_migrates_first_and_shares_the_workspace_path() -> None:
     host, container = workspace.split("}:", 1)
     assert f"{host}}}" == container  # the job containers mount it by host path
     assert "REPRO_DATABASE_URL" not in worker.get("environment", {})
+    # Its own pool: the runs it holds never count for a Kubernetes pool of the same image.
+    pool = worker["environment"][POOL]
+    assert pool == "${REPRO_WORKER_POOL:-compose}"
+    assert not pool.split(":-")[1].rstrip("}").startswith("reprotrain-worker")
     gpu = yaml.safe_load((COMPOSE / "compose.gpu.yaml").read_text())["services"]["worker"]
     (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert device["capabilities"] == ["gpu"]
@@ -400,6 +695,16 @@ def test_dockerfiles_are_hadolint_clean() -> None:
     for f in dockerfiles:
         # BuildKit's bundled frontend: a `# syntax=` line would fetch one from a registry.
         assert not f.read_text().startswith("# syntax"), f.name
+
+
+def test_worker_images_leave_gpu_visibility_to_whoever_grants_the_gpus() -> None:
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    instructions = [line for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]
+    # The device plugin (or Docker's --gpus) sets NVIDIA_VISIBLE_DEVICES per container; an
+    # image's `all` would give every GPU of a node to a pod that asked for none.
+    assert not [line for line in instructions if "NVIDIA_VISIBLE_DEVICES" in line]
+    worker_stage = dockerfile.split("AS worker", 1)[1]
+    assert "ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility" in worker_stage
 
 
 def _lock(name: str) -> dict[str, tuple[str, list[str]]]:
