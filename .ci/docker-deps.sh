@@ -58,6 +58,17 @@ if ! "$DOCKER" compose version >/dev/null 2>&1; then
 fi
 
 if ! "$DOCKER" info >/dev/null 2>&1; then
+    # A pid file left by a daemon of an earlier boot may name another process now: dockerd
+    # would wait on it as its containerd and time out. Only files of processes gone, or no
+    # longer docker's, are removed.
+    for pidfile in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+        [[ -f $pidfile ]] || continue
+        pid=$(cat "$pidfile" 2>/dev/null || true)
+        comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+        if [[ $comm != dockerd && $comm != containerd ]]; then
+            rm -f "$pidfile"
+        fi
+    done
     # No init system starts services here; the daemon outlives this script on purpose
     # so the tests (and later runs) find it.
     nohup /usr/sbin/dockerd >/var/log/dockerd.log 2>&1 &
