@@ -35,9 +35,6 @@ PushName = Annotated[
     str, Query(pattern=NAME, description="a label for people; the digest identifies it")
 ]
 Limit = Annotated[int, Query(ge=1, le=500)]
-AnyDigest = Annotated[
-    str, PathParam(pattern=DECLARED_DIGEST, description="`sha256:<hex>` (the bare hex also works)")
-]
 
 
 def digest_path(whose: str) -> Any:
@@ -46,6 +43,10 @@ def digest_path(whose: str) -> Any:
         pattern=DECLARED_DIGEST,
         description=f"{whose} digest, `sha256:<hex>` (the bare hex also works)",
     )
+
+
+# The `{digest}` of the routes `add_archive_routes` adds, whatever their kind.
+AnyDigest = Annotated[str, digest_path("the file's")]
 
 
 def push_route(detail: type[BaseModel]) -> dict[str, Any]:

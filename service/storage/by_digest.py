@@ -95,7 +95,7 @@ class ByDigest(Generic[Row]):
     noun: str  # in messages: "no {noun} ... is stored"
     target_type: str  # the audit trail's name for the kind
     action: str  # the audit trail's name for a push
-    command: str  # the CLI's group for the kind: `repro {command} unarchive`
+    command: str  # the CLI's group for the kind: `repro {command} push`
 
     def find(self, db: Session, digest: str) -> Row | None:
         """The row of `digest`, if stored."""
@@ -148,6 +148,19 @@ class ByDigest(Generic[Row]):
             .order_by(Run.id.desc())
         )
         return list(db.scalars(query.limit(limit)))
+
+    def require(self, db: Session, digest: str, *, loc: str, new: bool) -> Row:
+        """The row a spec names at `loc`: InvalidSpec (422) when it is not stored, and see
+        `require_available`."""
+        found = self.find(db, digest)
+        if found is None:
+            msg = (
+                f"no {self.noun} {digest} is stored on this server; push it first "
+                f"(repro {self.command} push)"
+            )
+            raise InvalidSpec(f"{loc}: {msg}", errors=[{"loc": loc, "msg": msg}])
+        self.require_available(found, loc=loc, new=new)
+        return found
 
     def require_available(self, row: Row, *, loc: str, new: bool) -> None:
         """Refuse a file whose bytes retention removed (always: push it again to restore it)

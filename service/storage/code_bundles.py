@@ -132,12 +132,7 @@ def require_held(
     if digest is None:
         return None
     check_allowed(settings, loc="code")
-    bundle = find(db, digest)
-    if bundle is None:
-        msg = f"no code bundle {digest} is stored on this server; push it first (repro code push)"
-        raise InvalidSpec(f"code: {msg}", errors=[{"loc": "code", "msg": msg}])
-    STORE.require_available(bundle, loc="code", new=new)
-    return bundle
+    return STORE.require(db, digest, loc="code", new=new)
 
 
 def entry_points_of(db: Session, digest: str | None) -> list[dict[str, Any]]:

@@ -125,10 +125,5 @@ def require_fit(db: Session, spec: ExperimentSpec) -> None:
 def require_held(db: Session, digest: str | None, *, new: bool = True) -> None:
     """InvalidSpec (422) naming the digest when a spec refers to a dataset not stored here,
     or whose bytes retention removed; for a new experiment (`new`), an archived one too."""
-    if digest is None:
-        return
-    found = find(db, digest)
-    if found is None:
-        msg = f"no dataset {digest} is stored on this server; push it first (repro dataset push)"
-        raise InvalidSpec(msg, errors=[{"loc": "dataset.data", "msg": msg}])
-    STORE.require_available(found, loc="dataset.data", new=new)
+    if digest is not None:
+        STORE.require(db, digest, loc="dataset.data", new=new)

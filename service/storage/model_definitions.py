@@ -154,17 +154,7 @@ def require_held(
     """The stored definition a spec names, or InvalidSpec (422) naming the digest when it
     is not stored or retention removed its bytes; for a new experiment (`new`), when it is
     archived too."""
-    if digest is None:
-        return None
-    found = find(db, digest)
-    if found is None:
-        msg = (
-            f"no model definition {digest} is stored on this server; "
-            "push it first (repro model push)"
-        )
-        raise InvalidSpec(msg, errors=[{"loc": loc, "msg": msg}])
-    STORE.require_available(found, loc=loc, new=new)
-    return found
+    return None if digest is None else STORE.require(db, digest, loc=loc, new=new)
 
 
 def require_usable(db: Session, spec: ExperimentSpec, settings: Settings) -> ModelDefinition | None:

@@ -147,6 +147,11 @@ def test_only_admins_delete_a_dataset_and_only_once_no_experiment_names_it(
     assert browser.delete(f"/api/v1/datasets/{digest}", headers=admin).status_code == 204
     assert not stored.exists()
     assert browser.get(f"/api/v1/datasets/{digest}", headers=submitter).status_code == 404
+    spec = {**ARRAYS_SPEC, "dataset": {**ARRAYS_SPEC["dataset"], "data": digest}}
+    gone = browser.post("/api/v1/experiments", json=spec, headers=submitter)
+    assert gone.status_code == 422, gone.text
+    assert f"no dataset {digest} is stored on this server" in gone.text
+    assert "(repro dataset push)" in gone.text and gone.json()["errors"][0]["loc"] == "dataset.data"
     experiment = browser.get(f"/api/v1/experiments/{run.experiment_id}", headers=submitter)
     assert experiment.status_code == 404
 

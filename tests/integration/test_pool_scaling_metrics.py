@@ -6,14 +6,10 @@ the pool's image (as its pods are told it) and devices then actually claim."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
@@ -23,11 +19,11 @@ from service.config import Settings
 from service.persistence.migrate import upgrade
 from service.persistence.models import Run
 from tests.integration.jobs import REPO
+from tests.kustomize import OVERLAYS, rendered_pool
 from tests.unit.test_deploy_scaling import pool_value
 from worker.node.executors.process import told_images
 
 SEED001 = (REPO / "examples" / "seed001.yaml").read_text()
-OVERLAYS = REPO / "deploy" / "kubernetes" / "overlays"
 Samples = list[tuple[str, dict[str, str], float]]
 
 H100 = "gpu:nvidia-h100-80gb-hbm3:sm132:80gb:full:drv555"
@@ -43,29 +39,17 @@ def evaluate(query: str, samples: Samples) -> float:
 
 def pools() -> dict[str, dict[str, Any]]:
     """Per overlay: the trigger's query and what its workers advertise and offer."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail("kubectl is missing: install the project with its 'deploy' extra")
     found = {}
     for name in ("cpu", "gpu"):
-        out = subprocess.run(
-            [kubectl, "kustomize", str(OVERLAYS / name)],
-            capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        objects = [o for o in yaml.safe_load_all(out.stdout) if o]
-        (pool,) = [o for o in objects if o["kind"] == "StatefulSet"]
-        (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
-        (worker,) = pool["spec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+        pool = rendered_pool(OVERLAYS / name)
+        env, worker = pool.env, pool.worker
         gpus = int(worker.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-        pool_name = env["REPRO_WORKER_POOL"]
         cpu = [int(a.split("=")[1]) for a in worker["args"] if a.startswith("--cpu-replicas=")]
-        (trigger,) = scaled["spec"]["triggers"]
         found[name] = {
-            "query": trigger["metadata"]["query"],
+            "query": pool.query,
             "images": told_images(env),
             "devices": {"gpus": gpus} if gpus else {"cpu_devices": cpu[0]},
-            "pool": pool_name,
+            "pool": env["REPRO_WORKER_POOL"],
             "hardware_class": H100 if gpus else XEON,  # what its nodes would advertise
         }
     return found

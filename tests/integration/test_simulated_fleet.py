@@ -16,9 +16,7 @@ also after the pool was scaled to zero.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.jobs import blobs_spec, job_env
 from tests.integration.service_procs import Service, WorkerProc
-from tests.integration.test_pool_scaling_metrics import OVERLAYS, Samples, evaluate, pools
+from tests.integration.test_pool_scaling_metrics import Samples, evaluate, pools
+from tests.kustomize import OVERLAYS, rendered_pool
 
 pytestmark = pytest.mark.slow
 
@@ -55,17 +53,9 @@ class Pool:
 def rendered_pools() -> dict[str, Pool]:
     """The cpu and gpu pools, their triggers and how their pods run the agent."""
     found = pools()
-    kubectl = shutil.which("kubectl")
-    assert kubectl is not None  # pools() checked
     out = {}
     for name, pool in found.items():
-        rendered = subprocess.run(
-            [kubectl, "kustomize", str(OVERLAYS / name)],
-            capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
-        (sts,) = [o for o in objects if o["kind"] == "StatefulSet"]
-        (worker,) = sts["spec"]["template"]["spec"]["containers"]
+        worker = rendered_pool(OVERLAYS / name).worker
         # Its image identities and pool; not REPRO_EXPECT_GPUS: a simulated GPU is a CPU device.
         told = [
             e

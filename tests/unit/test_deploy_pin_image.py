@@ -14,10 +14,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
+
+from tests.kustomize import rendered_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -111,27 +111,12 @@ def pin(tree: Path, engine: Engine, *args: str) -> subprocess.CompletedProcess[s
     )  # fmt: skip
 
 
-def rendered_pool(overlay: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the worker container, the ScaledObject) of the overlay as kustomize renders it."""
-    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or "kubectl"
-    out = subprocess.run(
-        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    objects = [o for o in yaml.safe_load_all(out.stdout) if o]
-    (pool,) = [o for o in objects if o["kind"] == "StatefulSet"]
-    (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
-    (worker,) = pool["spec"]["template"]["spec"]["containers"]
-    return worker, scaled
-
-
 def assert_pinned(overlay: Path, reference: str, image_id: str) -> None:
-    worker, scaled = rendered_pool(overlay)
-    env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
-    assert worker["image"] == env["REPRO_IMAGE_DIGEST"] == env["REPRO_IMAGE_REF"] == reference
+    pool = rendered_pool(overlay)
+    env = pool.env
+    assert pool.worker["image"] == env["REPRO_IMAGE_DIGEST"] == env["REPRO_IMAGE_REF"] == reference
     assert env["REPRO_IMAGE_ID"] == image_id
-    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
-    assert f'image=~"|{reference}|{image_id}|"' in " ".join(query.split())
+    assert f'image=~"|{reference}|{image_id}|"' in " ".join(pool.query.split())
 
 
 def test_pins_the_digest_and_image_id_together(tree: Path, engine: Engine) -> None:

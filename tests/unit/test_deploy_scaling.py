@@ -13,15 +13,12 @@ operators match series on their labels, and `__name__` is dropped by all of them
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.kustomize import rendered_pool
 from worker.record import hardware
 
 KUBERNETES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -221,22 +218,14 @@ class Pool:
 
 @pytest.fixture(scope="module")
 def pools() -> dict[str, Pool]:
-    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or "kubectl"
     found = {}
     for name, devices, prefix in (("gpu", 1, "gpu:nvidia-h100-80gb-hbm3"), ("cpu", 2, "cpu")):
-        out = subprocess.run(
-            [kubectl, "kustomize", str(KUBERNETES / "overlays" / name)],
-            capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        objects = [o for o in yaml.safe_load_all(out.stdout) if o]
-        (pool,) = [o for o in objects if o["kind"] == "StatefulSet"]
-        (scaled,) = [o for o in objects if o["kind"] == "ScaledObject"]
-        (worker,) = pool["spec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in worker["env"] if "value" in e}
-        assert env["REPRO_WORKER_POOL"] == pool["metadata"]["name"]
+        pool = rendered_pool(KUBERNETES / "overlays" / name)
+        env = pool.env
+        assert env["REPRO_WORKER_POOL"] == pool.statefulset["metadata"]["name"]
         found[name] = Pool(
             name=env["REPRO_WORKER_POOL"],
-            query=scaled["spec"]["triggers"][0]["metadata"]["query"],
+            query=pool.query,
             image_id=env["REPRO_IMAGE_ID"],
             digest=env["REPRO_IMAGE_DIGEST"],
             devices=devices,

@@ -138,6 +138,7 @@ def test_a_box_with_the_locked_cudnn_exits_0(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "nothing flagged" in result.output
     assert "GPU 0: NVIDIA H100 80GB HBM3, compute capability 9.0, 132 SMs" in result.output
+    assert "hardware class: gpu:nvidia-h100-80gb-hbm3:sm132:79gb:full:drv" in result.output
 
 
 def test_a_plain_cpu_box_exits_0_with_the_thread_note_and_its_fix(tmp_path: Path) -> None:
@@ -153,6 +154,7 @@ def test_a_plain_cpu_box_exits_0_with_the_thread_note_and_its_fix(tmp_path: Path
     assert result.exit_code == 0, result.output
     assert "nothing flagged" in result.output and "\nFLAG " not in result.output
     assert "CPU: AMD EPYC 7763 64-Core Processor (AuthenticAMD), ISA avx2" in result.output
+    assert "hardware class: cpu:authenticamd:amd-epyc-7763-64-core-processor:avx2" in result.output
     assert "NOTE threads: thread counts left to the machine" in result.output
     assert "intra_op_threads: 1, inter_op_threads: 1" in result.output
     assert (

@@ -23,6 +23,7 @@ from typing import Any
 MAX_CLASS_CHARS = 300
 # What a requirement may be: lowercase segments of letters, digits, '.', '-', joined by ':'.
 REQUIREMENT_PATTERN = r"^(gpu|cpu)(:[a-z0-9][a-z0-9.-]*)*$"
+CPUINFO = Path("/proc/cpuinfo")
 DRIVER_FILES = (Path("/proc/driver/nvidia/version"), Path("/sys/module/nvidia/version"))
 
 # oneDNN's ISA names, widest first, with the cpuinfo flags each needs.
@@ -163,11 +164,15 @@ def hardware_class(
     return found
 
 
+def read_cpuinfo() -> str:
+    """This machine's /proc/cpuinfo ("" where there is none)."""
+    try:
+        return CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def this_machine(gpus: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The class of the machine this runs on, given its GPUs (`gpu_info.gpu_devices()`)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        cpuinfo = ""
     driver = read_driver_version() if gpus else None
-    return hardware_class(gpus, cpuinfo_text=cpuinfo, driver_text=driver, environ=os.environ)
+    return hardware_class(gpus, cpuinfo_text=read_cpuinfo(), driver_text=driver, environ=os.environ)

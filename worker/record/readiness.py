@@ -51,7 +51,6 @@ _OFF = ("0", "false", "no", "off", "")
 REPLICA_REDUCTION = "ReductionToOneDevice (add_n on one device; NCCL is not used)"
 
 _PRECISION = ("", "major version", "major.minor version", "major.minor.patch version")
-_CPUINFO = Path("/proc/cpuinfo")
 # "I0000 00:00:1796489805.889274    1283 " before a TensorFlow (absl) log message.
 _LOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ ")
 
@@ -65,8 +64,7 @@ def _capability(device: Mapping[str, Any]) -> float | None:
 
 def parse_cpuinfo(text: str, isa_cap: str | None = None) -> dict[str, Any]:
     """Vendor, model name, the widest oneDNN ISA the flags allow (capped by
-    `ONEDNN_MAX_CPU_ISA`: it picks oneDNN's kernels), AMX flags and the hardware class
-    reruns are pinned to (worker.record.hardware), from /proc/cpuinfo text."""
+    `ONEDNN_MAX_CPU_ISA`: it picks oneDNN's kernels) and AMX flags, from /proc/cpuinfo text."""
     facts = hardware.cpu_facts(text)
     flags = facts["flags"]
     return {
@@ -74,15 +72,7 @@ def parse_cpuinfo(text: str, isa_cap: str | None = None) -> dict[str, Any]:
         "model": facts["model"],
         "isa": hardware.isa_level(flags, isa_cap) if flags else None,
         "amx": sorted(flag for flag in flags if flag.startswith("amx")),
-        "class": hardware.cpu_class(text, isa_cap=isa_cap)["class"],
     }
-
-
-def _read_cpuinfo() -> str:
-    try:
-        return _CPUINFO.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def _lock(path: Path = BUILD_INFO) -> dict[str, Any] | None:
@@ -200,7 +190,7 @@ def check(
         errors["gpus"] = f"{type(exc).__name__}: {exc}"
         gpus, loaded = [], {}
     build = tf_facts.get("build_info") or {}
-    cpuinfo = _read_cpuinfo() if cpuinfo_text is None else cpuinfo_text
+    cpuinfo = hardware.read_cpuinfo() if cpuinfo_text is None else cpuinfo_text
     cpu = parse_cpuinfo(cpuinfo, env.get("ONEDNN_MAX_CPU_ISA"))
     machine = hardware.hardware_class(
         gpus,
