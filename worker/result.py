@@ -67,6 +67,7 @@ class JobResult(BaseModel):
     resumed_from_epoch: int | None = None  # set when resumed from an epoch checkpoint
     resumed_from_step: int | None = None  # global step of the checkpoint resumed from
     interrupted_after_epoch: int | None = None
+    interrupted_at_step: int | None = None  # a stop mid-epoch: its step checkpoint's step
     until_epoch: int | None = None  # set when asked to finish early (a re-trace)
     until_step: int | None = None  # set when asked to stop after a global step (a replay)
     warnings: list[str] = Field(default_factory=list)

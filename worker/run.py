@@ -14,8 +14,9 @@ The process re-executes itself once if its environment lacks what determinism ne
 (PYTHONHASHSEED and thread variables only count at interpreter start): a worker's executors
 start it with that environment, so only a job run by hand pays for a second start. A result
 document is always written, also when the spec is invalid or training raises.
-SIGTERM asks the job to stop at the end of the current epoch: it checkpoints that epoch
-and writes an `interrupted` result (a second SIGTERM ends it at once).
+SIGTERM asks the job to stop: with `--checkpoint-dir` after the optimizer steps running
+then, with a step checkpoint there (a grace period need not last an epoch), else at the end
+of the epoch; it writes an `interrupted` result (a second SIGTERM ends it at once).
 Exit codes: 0 succeeded, 1 training failed, 2 invalid spec or arguments, 3 interrupted.
 """
 
@@ -303,7 +304,8 @@ def _failure(
 
 
 class StopRequest:
-    """Remembers SIGTERM (or a fixed epoch) so training stops at the next epoch end."""
+    """Remembers SIGTERM (or a fixed epoch) so training stops at the next step it can
+    checkpoint (`now`), or at the next epoch end (a fixed epoch, or no checkpoints)."""
 
     def __init__(self, after_epoch: int | None = None) -> None:
         self.after_epoch = after_epoch
@@ -319,6 +321,10 @@ class StopRequest:
 
     def __call__(self, epoch: int) -> bool:
         return self.signalled or (self.after_epoch is not None and epoch >= self.after_epoch)
+
+    def now(self) -> bool:
+        """Whether SIGTERM asked the job to stop after the steps running now."""
+        return self.signalled
 
 
 def run_job(
@@ -379,7 +385,7 @@ def run_job(
         if model_record is not None:
             result.provenance["model_definition"] = model_record
         _record_outcome(result, outcome, spec=resolved, options=options, startup=startup)
-        interrupted = outcome.interrupted_after_epoch
+        interrupted = outcome.interrupted
         if export_model is not None and not interrupted and outcome.model is not None:
             t_export = time.monotonic()
             export_model.parent.mkdir(parents=True, exist_ok=True)
@@ -401,7 +407,7 @@ def _record_outcome(
 ) -> None:
     """Copy what training found (trace, metrics, checkpoints, ...) into the result document."""
     every = options.trace_every_steps or spec.training.fingerprint_every_steps
-    interrupted = outcome.interrupted_after_epoch
+    interrupted = outcome.interrupted
     result.determinism = outcome.determinism
     result.metrics = outcome.metrics
     result.step_metrics = outcome.step_metrics
@@ -414,7 +420,8 @@ def _record_outcome(
         result.checkpoints = [str(options.checkpoint_dir / c) for c in outcome.checkpoints]
     result.resumed_from_epoch = outcome.resumed_from_epoch
     result.resumed_from_step = outcome.resumed_from_step
-    result.interrupted_after_epoch = interrupted
+    result.interrupted_after_epoch = outcome.interrupted_after_epoch
+    result.interrupted_at_step = outcome.interrupted_at_step
     until_epoch = options.until_epoch
     result.until_epoch = until_epoch if until_epoch and until_epoch < spec.training.epochs else None
     result.until_step = outcome.stopped_at_step
@@ -504,6 +511,7 @@ def _spec_job(
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
         stop_requested=stop,
+        stop_now=stop.now,
         max_model_parameters=args.max_model_parameters,
         max_activation_elements=args.max_activation_elements,
         trace_every_steps=args.trace_every_steps,

@@ -14,7 +14,7 @@ import pytest
 from tests.integration.jobs import REPO, blobs_spec, job_env, run_job, write_spec
 from worker.record.fingerprint import combine
 from worker.record.trace import compare_traces
-from worker.result import read_result
+from worker.result import JobResult, read_result
 
 pytestmark = pytest.mark.slow
 
@@ -122,9 +122,9 @@ def test_half_then_resume_equals_uninterrupted(case: str, tmp_path: Path) -> Non
     assert resumed.result.step_metrics == full.result.step_metrics
 
 
-def test_sigterm_checkpoints_the_epoch_and_resume_finishes_identically(tmp_path: Path) -> None:
-    spec = blobs_spec(training={**blobs_spec()["training"], "epochs": 5})
-    ckpt, out = tmp_path / "ckpt", tmp_path / "result.json"
+def _sigterm_at_epoch_start(spec: dict[str, Any], tmp_path: Path, *args: str) -> JobResult:
+    """Run `spec`, send SIGTERM as epoch 2 starts; the result of the job, exit code 3."""
+    out = tmp_path / "result.json"
     with subprocess.Popen(
         [
             sys.executable,
@@ -134,8 +134,7 @@ def test_sigterm_checkpoints_the_epoch_and_resume_finishes_identically(tmp_path:
             str(write_spec(spec, tmp_path)),
             "--out",
             str(out),
-            "--checkpoint-dir",
-            str(ckpt),
+            *args,
         ],
         env=job_env(),
         stderr=subprocess.PIPE,
@@ -148,12 +147,43 @@ def test_sigterm_checkpoints_the_epoch_and_resume_finishes_identically(tmp_path:
                 break
         proc.stderr.read()
         assert proc.wait(timeout=120) == 3
-    stopped = read_result(out)
-    assert stopped.status == "interrupted" and stopped.interrupted_after_epoch == 2
+    return read_result(out)
+
+
+def test_sigterm_checkpoints_the_next_step_and_resume_finishes_identically(
+    tmp_path: Path,
+) -> None:
+    # 40 steps an epoch: the signal is seen after the call running when it lands, long
+    # before the epoch ends. A step checkpoint is written there, though the spec asks for
+    # none, and no trace point: the resumed run's trace is the uninterrupted one's.
+    spec = blobs_spec(
+        dataset={**blobs_spec()["dataset"], "train_batches": 40},
+        training={**blobs_spec()["training"], "epochs": 3, "fingerprint_every_steps": 10},
+    )
+    ckpt = tmp_path / "ckpt"
+    stopped = _sigterm_at_epoch_start(spec, tmp_path, "--checkpoint-dir", str(ckpt))
+    at = stopped.interrupted_at_step
+    assert stopped.status == "interrupted" and stopped.interrupted_after_epoch is None
+    assert at is not None and 40 < at < 80, at
+    assert stopped.checkpoints[-1].endswith(f"step-{at:09d}.json")
+    assert stopped.trace[-1].step <= at and stopped.final_fingerprint is None
+    assert [d.epoch for d in stopped.data_fingerprints] == [1]  # the epochs trained whole
     resumed = run_job(spec, tmp_path / "resumed", "--checkpoint-dir", str(ckpt), "--resume")
     full = run_job(spec, tmp_path / "full")
-    assert resumed.result.resumed_from_epoch == 2
+    assert resumed.returncode == full.returncode == 0, resumed.result.error
+    assert resumed.result.resumed_from_step == at and resumed.result.resumed_from_epoch is None
     assert resumed.result.final_fingerprint == full.result.final_fingerprint
+    assert resumed.result.trace == full.result.trace
+    assert resumed.result.data_fingerprints == full.result.data_fingerprints
+    assert resumed.result.step_metrics == full.result.step_metrics
+
+
+def test_sigterm_without_checkpoints_ends_at_the_epoch(tmp_path: Path) -> None:
+    # Nowhere to resume from a step: the job finishes the epoch, then stops.
+    spec = blobs_spec(training={**blobs_spec()["training"], "epochs": 5})
+    stopped = _sigterm_at_epoch_start(spec, tmp_path)
+    assert stopped.status == "interrupted" and stopped.interrupted_after_epoch == 2
+    assert stopped.interrupted_at_step is None and stopped.trace[-1].epoch == 2
 
 
 def test_trace_comparison_of_real_runs_finds_a_planted_divergence(tmp_path: Path) -> None:

@@ -306,18 +306,23 @@ def test_worker_sigterm_checkpoints_and_releases_then_another_finishes(tmp_path:
         while "epoch" not in (svc.client.get(f"/api/v1/runs/{run_id}").json()["progress"] or {}):
             assert time.monotonic() < deadline, "no training progress reported"
             time.sleep(0.1)
-        first.stop()  # SIGTERM: finish the epoch, checkpoint, release, exit
+        first.stop()  # SIGTERM: checkpoint the step running, release, exit
         assert first.proc.returncode == 0
         released = svc.client.get(f"/api/v1/runs/{run_id}").json()
-        assert released["status"] == "queued" and released["attempt"] == 0
-        assert released["checkpoint_epoch"] is not None and released["checkpoint_epoch"] < 12
+        assert released["status"] == "queued" and released["attempt"] == 0, released
+        # Mid-epoch, a step checkpoint; a signal that lands while an epoch ends (evaluation,
+        # its trace point) ends training with that epoch's checkpoint.
+        step = released["checkpoint_step"]
+        assert step is not None and 0 < step < 12 * 150, released
         second = svc.worker(tmp_path / "second")
         try:
             done = svc.wait_run(run_id)
         finally:
             second.stop()
     assert done["status"] == "succeeded"
-    assert done["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
+    resumed = done["result_summary"]
+    assert resumed["resumed_from_step"] == step
+    assert resumed["resumed_from_epoch"] == (step // 150 if step % 150 == 0 else None)
     reference = run_job(spec, tmp_path / "reference")
     assert done["final_fingerprint"] == reference.result.final_fingerprint
 

@@ -46,10 +46,16 @@ class TrainingOutcome:
     resumed_from_epoch: int | None = None
     resumed_from_step: int | None = None  # global step of the checkpoint resumed from
     interrupted_after_epoch: int | None = None  # set when a stop request ended training early
+    interrupted_at_step: int | None = None  # ... mid-epoch, with a step checkpoint there
     stopped_at_step: int | None = None  # set when training ended mid-epoch at `until_step`
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     model: keras.Model | None = None  # the trained model, e.g. to export it
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a stop request ended training before its last epoch."""
+        return self.interrupted_after_epoch is not None or self.interrupted_at_step is not None
 
 
 def _read(metrics: list[keras.metrics.Metric]) -> dict[str, float]:
@@ -297,6 +303,10 @@ class _Training:
             if self._stopped_mid_epoch(epoch):
                 self.timings["training"] += time.monotonic() - t_epoch
                 break
+            if self._interrupted_mid_epoch(epoch):
+                self.timings["training"] += time.monotonic() - t_epoch
+                self.reporter.emit("interrupted", epoch=epoch, step=self.step)
+                break
             row = self._epoch_row(epoch, pipelines)
             stopping = self._end_epoch(epoch, row, t_epoch)
             self.timings["training"] += time.monotonic() - t_epoch
@@ -341,6 +351,8 @@ class _Training:
             self._after_call(epoch, batch_in_epoch, loss)
             if self.until_step is not None and self.step >= self.until_step:
                 break
+            if self._stop_now(epoch):
+                break
         # A stateless epoch resumed or stopped mid-way is fingerprinted whole by `finish`.
         whole = self.step == epoch * self.steps_per_epoch
         if data_digest is not None and (self.in_loop_data or (start == 0 and whole)):
@@ -355,12 +367,38 @@ class _Training:
             return False  # the epoch's end: it ends as any epoch does
         if self.out.trace[-1].step != self.step:
             self.out.trace.append(self.job.point("step", epoch, self.step))
-        named = f"step-{self.step:09d}.json"
+        named = f"{ckpt_io.step_stem(self.step)}.json"
         if self.checkpoint_dir is not None and named not in self.out.checkpoints:
             self._step_checkpoint(
                 self.checkpoint_dir, epoch, self.step - (epoch - 1) * self.steps_per_epoch
             )
         self.out.stopped_at_step = self.step
+        return True
+
+    def _stop_now(self, epoch: int) -> bool:
+        """Whether a stop request ends training after this call, mid-epoch: only with a
+        checkpoint directory to resume from (else it ends at the epoch's end, as ever), and
+        on data that can be generated again (a stateful generator's epoch resumed mid-way
+        would be fingerprinted in part)."""
+        return (
+            self.checkpoint_dir is not None
+            and not self.in_loop_data
+            and self.step < epoch * self.steps_per_epoch
+            and self.options.stop_now()
+        )
+
+    def _interrupted_mid_epoch(self, epoch: int) -> bool:
+        """Whether a stop request ended `epoch` early; then a step checkpoint holds where.
+        No trace point is added: the resumed run's trace is the uninterrupted one's."""
+        if self.checkpoint_dir is None or self.step >= epoch * self.steps_per_epoch:
+            return False
+        if self.until_step is not None and self.step >= self.until_step:
+            return False
+        if f"{ckpt_io.step_stem(self.step)}.json" not in self.out.checkpoints:
+            self._step_checkpoint(
+                self.checkpoint_dir, epoch, self.step - (epoch - 1) * self.steps_per_epoch
+            )
+        self.out.interrupted_at_step = self.step
         return True
 
     def _steps_per_call_policy(self) -> int:
@@ -498,7 +536,10 @@ class _Training:
     def _data_fingerprints(self) -> list[dict[str, Any]]:
         """Each trained epoch's data fingerprint: as consumed, or by regenerating the epochs
         whose batches training did not see whole (calls of several steps, a resume)."""
-        last = self.out.interrupted_after_epoch or self.last_epoch
+        if self.out.interrupted_at_step is not None:  # the epochs trained whole
+            last = (self.out.interrupted_at_step - 1) // self.steps_per_epoch
+        else:
+            last = self.out.interrupted_after_epoch or self.last_epoch
         known = {c["epoch"]: c["fingerprint"] for c in self.consumed}
         missing = [e for e in range(1, last + 1) if e not in known]
         if missing:

@@ -15,12 +15,20 @@ def never_stop(epoch: int) -> bool:
     return False
 
 
+def never_now() -> bool:
+    """The step-level stop request of a job nothing can interrupt."""
+    return False
+
+
 @dataclass(frozen=True)
 class TrainingOptions:
     """The job's choices that leave the spec, and so its hash, unchanged.
 
     `stop_requested(epoch)` is asked after each epoch but the last; when it says yes,
     training checkpoints that epoch and returns early with `interrupted_after_epoch` set.
+    `stop_now()` is asked after every call of optimizer steps: when it says yes and there
+    is a checkpoint directory, training checkpoints that step and returns early with
+    `interrupted_at_step` set (a preempted job's grace period need not last an epoch).
     `trace_every_steps` overrides the spec's trace granularity and `until_epoch` ends
     training after that epoch (as finished, not interrupted): together they re-trace one
     stretch of a run step by step without changing its spec.
@@ -29,6 +37,7 @@ class TrainingOptions:
     checkpoint_dir: Path | None = None  # epoch checkpoints, and step ones if the spec asks
     resume: bool = False  # from the newest intact checkpoint of either kind
     stop_requested: Callable[[int], bool] = never_stop
+    stop_now: Callable[[], bool] = never_now
     # An operator's limit on the model's parameters, checked before any weight is allocated
     # when the size is arithmetic on the spec.
     max_model_parameters: int | None = None

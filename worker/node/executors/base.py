@@ -65,7 +65,7 @@ class JobHandle(Protocol):
         ...
 
     def send_signal(self, sig: int) -> None:
-        """SIGTERM: checkpoint at the epoch end, then exit; SIGKILL: now."""
+        """SIGTERM: checkpoint after the steps running (or at the epoch end), exit; SIGKILL: now."""
         ...
 
     def close(self) -> None:
