@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -173,6 +174,10 @@ class Settings(BaseSettings):
     # database on the event loop (service.api.reads): a pool of their own, on top of the
     # above. Requests past it wait for a free one, without holding a thread.
     db_read_pool_size: int = Field(default=10, ge=1)
+    # How long a migrator of a PostgreSQL database (`repro db upgrade`, a server migrating on
+    # start) waits for another one's lock before it fails, naming this setting: a migrator
+    # stuck mid-migration then fails a deployment's migration step instead of hanging it.
+    migration_lock_timeout_seconds: float = 300.0
     # /metrics answers without a token by default (aggregate numbers only, as Prometheus
     # scrapers expect); when True it asks for a token with the read role.
     metrics_token_required: bool = False
@@ -198,6 +203,25 @@ class Settings(BaseSettings):
         from worker.record.environment_capture import parse_name_list
 
         return ",".join(parse_name_list(value))
+
+    @field_validator("migration_lock_timeout_seconds", mode="before")
+    @classmethod
+    def _positive_seconds(cls, value: object) -> object:
+        # Before pydantic's own parsing, so that every refusal (not a number, zero, negative,
+        # inf, nan) names the variable an operator sets; blank means the default.
+        text = str(value).strip()
+        if not text:
+            return cls.model_fields["migration_lock_timeout_seconds"].default
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(
+                "REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS must be a positive number of seconds, "
+                f"not {text!r}"
+            )
+        return seconds
 
     @property
     def resolved_lease_grace_seconds(self) -> float:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import math
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -19,6 +17,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import OperationalError
 
 import migrations
+from service.config import get_settings
 from service.persistence.engine import make_engine
 from service.persistence.file_modes import private_dir, private_file
 
@@ -27,11 +26,6 @@ MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 # The key of the PostgreSQL advisory lock every migrator of a database takes: any fixed
 # 64-bit number works as long as nothing else in the database uses it ("reprotrn" in ASCII).
 MIGRATION_LOCK_KEY = 0x72657072_6F74726E
-# How long a migrator of a PostgreSQL database waits for another one's lock before it gives up:
-# a migrator stuck mid-migration (or a session left holding the lock) then fails a deployment's
-# migration step with a message, instead of hanging it until its deadline.
-LOCK_TIMEOUT_VARIABLE = "REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS"
-DEFAULT_LOCK_TIMEOUT_SECONDS = 300.0
 _LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock_timeout that expired
 
 log = logging.getLogger(__name__)
@@ -39,24 +33,6 @@ log = logging.getLogger(__name__)
 
 class MigrationLockTimeout(RuntimeError):
     """Another migrator held this database's migration lock longer than this one would wait."""
-
-
-def lock_timeout_seconds(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds a PostgreSQL migrator waits for the migration lock: the positive number in
-    REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS, else 300; ValueError naming the variable otherwise."""
-    source = os.environ if environ is None else environ
-    text_value = (source.get(LOCK_TIMEOUT_VARIABLE) or "").strip()
-    if not text_value:
-        return DEFAULT_LOCK_TIMEOUT_SECONDS
-    try:
-        seconds = float(text_value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"{LOCK_TIMEOUT_VARIABLE} must be a positive number of seconds, not {text_value!r}"
-        )
-    return seconds
 
 
 def alembic_config(database_url: str) -> Config:
@@ -101,10 +77,10 @@ def _wait_for_lock(conn: Connection, timeout: float) -> None:
         if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
             raise
         raise MigrationLockTimeout(
-            f"gave up after waiting {timeout:g} s ({LOCK_TIMEOUT_VARIABLE}) for the migration "
-            "lock of this database: another migrator holds it (a `repro db upgrade` or a server "
-            "migrating on start, still running or stuck); let it finish, or end its session "
-            "(pg_locks: locktype 'advisory'), then migrate again"
+            f"gave up after waiting {timeout:g} s (REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS) for the "
+            "migration lock of this database: another migrator holds it (a `repro db upgrade` or "
+            "a server migrating on start, still running or stuck); let it finish, or end its "
+            "session (pg_locks: locktype 'advisory'), then migrate again"
         ) from None
     finally:
         conn.execute(text("RESET lock_timeout"))
@@ -132,11 +108,14 @@ def migration_lock(
 ) -> contextlib.AbstractContextManager[None]:
     """Held while migrating: other migrators of the same database wait until it is released.
 
-    On PostgreSQL a migrator waits at most `timeout` seconds (None: `lock_timeout_seconds()`)
-    and then raises MigrationLockTimeout; a SQLite file's migrators wait without a bound."""
+    On PostgreSQL a migrator waits at most `timeout` seconds (None: the settings'
+    `migration_lock_timeout_seconds`) and then raises MigrationLockTimeout; a SQLite file's
+    migrators wait without a bound."""
     url = make_url(database_url)
     if url.get_backend_name() == "postgresql":
-        return _postgres_lock(database_url, lock_timeout_seconds() if timeout is None else timeout)
+        if timeout is None:
+            timeout = get_settings().migration_lock_timeout_seconds
+        return _postgres_lock(database_url, timeout)
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         return _file_lock(Path(url.database))
     return contextlib.nullcontext()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -27,8 +26,10 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from pydantic import ValidationError
 
-from service.persistence.migrate import lock_timeout_seconds
+from service.config import Settings
+from tests.kustomize import with_components
 from worker.node.agent import POOL, GpusMissing, expected_gpus
 from worker.node.dataset_cache import memory_size
 from worker.node.executors.process import job_environment, told_images
@@ -93,20 +94,6 @@ def overlay(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(overlay name, its rendered YAML)."""
     name = str(request.param)
     return name, _render(KUBERNETES / "base") + "---\n" + _render(KUBERNETES / "overlays" / name)
-
-
-def _with_components(tmp_path: Path, target: str, *components: str) -> list[dict[str, Any]]:
-    """The objects of `target` (base, overlays/gpu, ...) rendered from a copy of the tree in
-    which its kustomization lists the named components, as an operator would."""
-    tree = tmp_path / "kubernetes"
-    shutil.copytree(KUBERNETES, tree)
-    kustomization = tree / target / "kustomization.yaml"
-    config = yaml.safe_load(kustomization.read_text())
-    config["components"] = [
-        os.path.relpath(tree / "components" / c, kustomization.parent) for c in components
-    ]
-    kustomization.write_text(yaml.safe_dump(config))
-    return _objects(_render(kustomization.parent))
 
 
 def _objects(rendered: str) -> list[dict[str, Any]]:
@@ -177,13 +164,15 @@ def test_overlays_pass_strict_kubernetes_schema_validation(
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_overlays_with_every_component_pass_strict_validation(version: str, tmp_path: Path) -> None:
-    base = _with_components(tmp_path / "base", "base", "service-monitor")
-    gpu = _with_components(tmp_path / "gpu", "overlays/gpu", "nvidia-runtime", "spot-workers")
+    base = with_components(tmp_path / "base", "base", "service-monitor", "ingress")
+    gpu = with_components(tmp_path / "gpu", "overlays/gpu", "nvidia-runtime", "spot-workers")
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump_all([*base, *gpu]))
-    assert {"deployment/reprotrain-api", "statefulset/reprotrain-worker-gpu"} <= _validate(
-        path, version
-    )
+    assert {
+        "deployment/reprotrain-api",
+        "ingress/reprotrain-api",
+        "statefulset/reprotrain-worker-gpu",
+    } <= _validate(path, version)
 
 
 def test_every_image_is_pinned_by_digest(overlay: tuple[str, str]) -> None:
@@ -289,7 +278,7 @@ def test_gpu_pools_select_one_gpu_product_and_expect_their_gpus(overlay: tuple[s
 
 
 def test_nvidia_runtime_component_sets_the_runtime_class(tmp_path: Path) -> None:
-    objects = _with_components(tmp_path, "overlays/gpu", "nvidia-runtime")
+    objects = with_components(tmp_path, "overlays/gpu", "nvidia-runtime")
     pod, _ = _worker(objects, "gpu")
     assert pod["runtimeClassName"] == "nvidia"
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == GPU_PRODUCT
@@ -359,7 +348,7 @@ def test_workers_get_time_to_checkpoint_and_keep_their_outbox(overlay: tuple[str
 
 
 def test_spot_component_fits_the_grace_period_in_the_reclaim_notice(tmp_path: Path) -> None:
-    objects = _with_components(tmp_path, "overlays/cpu", "spot-workers")
+    objects = with_components(tmp_path, "overlays/cpu", "spot-workers")
     pod, _ = _worker(objects, "cpu")
     assert pod["terminationGracePeriodSeconds"] == 110  # within AWS's two minutes' notice
 
@@ -511,8 +500,15 @@ def test_api_and_job_read_their_secrets(overlay: tuple[str, str]) -> None:
     assert url.startswith("postgresql+psycopg://") and url.endswith("?sslmode=require")
 
 
+def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a process started with `env` (on top of this one's) reads."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
 def test_migration_job_stays_for_inspection_and_bounds_its_lock_wait(
-    overlay: tuple[str, str],
+    overlay: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     objects = _objects(overlay[1])
     job = _one(objects, "Job", "reprotrain-migrate")
@@ -523,7 +519,8 @@ def test_migration_job_stays_for_inspection_and_bounds_its_lock_wait(
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     assert 1 <= job["spec"]["backoffLimit"] <= 5
     # The migrator waits a bounded time for another one's lock, well within the deadline.
-    timeout = lock_timeout_seconds(_values(migrate))
+    monkeypatch.delenv("REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS", raising=False)
+    timeout = _settings_from(_values(migrate), monkeypatch).migration_lock_timeout_seconds
     assert timeout == 300
     assert job["spec"]["activeDeadlineSeconds"] > timeout * (job["spec"]["backoffLimit"] + 1)
     # Argo CD runs it before syncing the API and replaces the previous one; Flux recreates it
@@ -536,11 +533,16 @@ def test_migration_job_stays_for_inspection_and_bounds_its_lock_wait(
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "soon", "inf", "nan"])
-def test_migration_lock_timeout_refuses_a_value_that_is_not_a_positive_number(value: str) -> None:
-    with pytest.raises(ValueError, match="REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS"):
-        lock_timeout_seconds({"REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS": value})
-    assert lock_timeout_seconds({}) == 300
-    assert lock_timeout_seconds({"REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS": " 2.5 "}) == 2.5
+def test_migration_lock_timeout_refuses_a_value_that_is_not_a_positive_number(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variable = "REPRO_MIGRATION_LOCK_TIMEOUT_SECONDS"
+    with pytest.raises(ValidationError, match=f"{variable} must be a positive number"):
+        _settings_from({variable: value}, monkeypatch)
+    monkeypatch.delenv(variable)
+    assert Settings().migration_lock_timeout_seconds == 300
+    assert _settings_from({variable: " "}, monkeypatch).migration_lock_timeout_seconds == 300
+    assert _settings_from({variable: " 2.5 "}, monkeypatch).migration_lock_timeout_seconds == 2.5
 
 
 def test_each_pool_scales_on_its_own_claimable_runs(overlay: tuple[str, str]) -> None:
@@ -593,7 +595,7 @@ def test_each_pool_scales_on_its_own_claimable_runs(overlay: tuple[str, str]) ->
 
 
 def test_service_monitor_component_scrapes_the_api_with_a_token(tmp_path: Path) -> None:
-    objects = _with_components(tmp_path, "base", "service-monitor")
+    objects = with_components(tmp_path, "base", "service-monitor")
     monitor = _one(objects, "ServiceMonitor", "reprotrain-api")
     assert monitor["metadata"]["namespace"] == "reprotrain"
     service = _one(objects, "Service", "reprotrain-api")
@@ -607,6 +609,27 @@ def test_service_monitor_component_scrapes_the_api_with_a_token(tmp_path: Path) 
         "name": "reprotrain-metrics-token",
         "key": "token",
     }
+
+
+def test_service_monitor_scrapes_without_a_token_with_the_documented_patch(
+    tmp_path: Path,
+) -> None:
+    # The Prometheus operator ignores `optional` on the token's Secret and rejects the
+    # ServiceMonitor without it: the README's patch removes the reference instead.
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    documents = [
+        doc
+        for block in re.findall(r"```yaml\n(.*?)```", readme, re.S)
+        for doc in yaml.safe_load_all(block)
+    ]
+    (patches,) = [doc["patches"] for doc in documents if isinstance(doc, dict) and "patches" in doc]
+    objects = with_components(tmp_path, "base", "service-monitor", patches=patches)
+    (endpoint,) = _one(objects, "ServiceMonitor", "reprotrain-api")["spec"]["endpoints"]
+    assert "authorization" not in endpoint
+    assert endpoint["path"] == "/metrics"
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    assert "deployment/reprotrain-api" in _validate(path, KUBERNETES_VERSIONS[-1])
 
 
 def test_pools_coexist_in_one_namespace() -> None:
