@@ -494,11 +494,12 @@ def worker(
 
 def _run_worker(api: str, token: str | None, *, enroll: bool, **options: Any) -> None:
     """The agent until it stops; exit 2 with the reason when it cannot start."""
-    from worker.node.agent import GpusMissing, WorkDirBusy, default_work_dir, run_agent
+    from worker.node.agent import WorkDirBusy, default_work_dir, run_agent
     from worker.node.api_errors import ApiError
     from worker.node.enrollment import EnrollmentError, refused_hint
     from worker.node.executors import ExecutorUnavailable
     from worker.node.executors.process import ImageIdentityRefused
+    from worker.node.registration import GpusMissing
 
     try:
         run_agent(api, token, enroll=enroll, **options)

@@ -12,11 +12,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -215,15 +218,16 @@ def test_sigterm_checkpoints_releases_and_another_worker_resumes_identically(
     try:
         run_id = submit(service, pinned(LONGER, image_id))
         wait_for(service, run_id, lambda r: (r["checkpoint_epoch"] or 0) >= 1)
-        first.signal(signal.SIGTERM)  # mid-job: it ends the epoch, checkpoints, releases
+        first.signal(signal.SIGTERM)  # mid-job: it checkpoints the step it is at, releases
         assert first.proc.returncode == 0
         released = service.client.get(f"/api/v1/runs/{run_id}").json()
         assert released["status"] == "queued" and released["checkpoint_epoch"] >= 1
+        step = released["checkpoint_step"]  # the signal's, or an epoch end's if it landed there
         assert run_containers(engine, run_id) == []  # removed, not left behind
         later = docker_agent(service, tmp_path / "later")
         resumed = service.wait_run(run_id)
         assert resumed["status"] == "succeeded", resumed["error"]
-        assert resumed["result_summary"]["resumed_from_epoch"] == released["checkpoint_epoch"]
+        assert resumed["result_summary"]["resumed_from_step"] == step
         # An uninterrupted run of the same spec and seed ends with the same bits.
         rerun = service.client.post(f"/api/v1/runs/{run_id}/rerun").json()
         straight = service.wait_run(int(rerun["id"]))
@@ -235,25 +239,134 @@ def test_sigterm_checkpoints_releases_and_another_worker_resumes_identically(
             later.stop()
 
 
-def test_sigkilled_agents_container_is_reaped_when_the_agent_starts_again(
+def killed_mid_job(
+    service: Service, engine: Any, work_dir: Path, spec: str
+) -> tuple[WorkerProc, int, int, Any]:
+    """(the agent, its worker id, the run, its container): the agent SIGKILLed while the
+    run's job trains in a container that outlives it."""
+    agent = docker_agent(service, work_dir)
+    wid = agent.worker_id()
+    run_id = submit(service, spec)
+    deadline = time.monotonic() + 120
+    # Killed while the job starts (its interpreter takes seconds), well before it can end.
+    while not [c for c in run_containers(engine, run_id) if c.status == "running"]:
+        assert time.monotonic() < deadline, agent.log.read_text()
+        time.sleep(0.2)
+    agent.kill()
+    [container] = run_containers(engine, run_id)
+    return agent, wid, run_id, container
+
+
+def produced(work_dir: Path, run_id: int) -> dict[str, Any]:
+    """The result document the run's first attempt wrote in its workspace."""
+    path = work_dir / "runs" / str(run_id) / "attempt-1" / "result.json"
+    return dict(json.loads(path.read_text()))
+
+
+def test_a_restarted_agent_adopts_the_job_its_killed_predecessor_left_running(
     service: Service, engine: Any, image_id: str, tmp_path: Path
 ) -> None:
     work_dir = tmp_path / "docker"
-    agent = docker_agent(service, work_dir)
-    run_id = submit(service, pinned(LONGER, image_id))
-    wait_for(service, run_id, lambda r: r["status"] == "running" and r["progress"])
-    agent.signal(signal.SIGKILL)
-    orphans = run_containers(engine, run_id)
-    assert len(orphans) == 1  # the job outlived its agent
-    agent.stop()
+    agent, wid, run_id, container = killed_mid_job(
+        service, engine, work_dir, pinned(LONGER, image_id)
+    )
+    container.reload()
+    assert container.status == "running"  # the job outlived its agent
     again = docker_agent(service, work_dir, token=agent.token)  # the same worker, restarted
     try:
-        again.worker_id()  # it reaps before it registers
-        left = {c.id for c in run_containers(engine, run_id)}
-        assert orphans[0].id not in left
+        done = service.wait_run(run_id)
+        assert done["status"] == "succeeded", done["error"]
+        # Not trained again: the first attempt's job, followed to its end by the new agent.
+        assert (done["attempt"], done["worker_id"]) == (1, wid)
+        assert done["result_summary"]["resumed_from_epoch"] is None
+        assert done["final_fingerprint"] == produced(work_dir, run_id)["final_fingerprint"]
+        assert done["checkpoint_epoch"] == 5  # the epochs it checkpointed unwatched are in
+        assert run_containers(engine, run_id) == []
+        assert f"adopting container {container.short_id} (running)" in again.log.read_text()
     finally:
-        service.client.post(f"/api/v1/runs/{run_id}/cancel")
         again.stop()
+
+
+def test_a_job_that_ended_while_no_agent_ran_is_reported_by_the_next_one(
+    service: Service, engine: Any, image_id: str, tmp_path: Path
+) -> None:
+    work_dir = tmp_path / "docker"
+    agent, wid, run_id, container = killed_mid_job(
+        service, engine, work_dir, pinned(SMALL, image_id)
+    )
+    assert container.wait(timeout=120)["StatusCode"] == 0
+    again = docker_agent(service, work_dir, token=agent.token)
+    try:
+        done = service.wait_run(run_id)
+        assert done["status"] == "succeeded", done["error"]
+        assert (done["attempt"], done["worker_id"]) == (1, wid)
+        assert done["final_fingerprint"] == produced(work_dir, run_id)["final_fingerprint"]
+        assert run_containers(engine, run_id) == []
+        # The same bits as a run no agent left: an uninterrupted rerun of the same spec.
+        rerun = service.client.post(f"/api/v1/runs/{run_id}/rerun")
+        assert rerun.status_code == 202, rerun.text
+        straight = service.wait_run(int(rerun.json()["id"]))
+        assert straight["verdict"] == "identical", straight["error"]
+    finally:
+        again.stop()
+
+
+def test_a_job_whose_run_another_worker_claimed_since_is_removed_not_adopted(
+    service: Service, engine: Any, image_id: str, tmp_path: Path
+) -> None:
+    work_dir = tmp_path / "docker"
+    agent, _, run_id, container = killed_mid_job(
+        service, engine, work_dir, pinned(LONGER, image_id)
+    )
+    rival = service.client_for("worker", f"rival-{tmp_path.name}")
+    registered = rival.post(
+        "/api/v1/workers/register",
+        json={"name": f"rival-{tmp_path.name}", "executors": ["docker"], "images": [image_id]},
+    )
+    assert registered.status_code == 201, registered.text
+    rival_id = registered.json()["id"]
+    deadline = time.monotonic() + 60
+    while (claim := rival.post(f"/api/v1/workers/{rival_id}/claim")).status_code == 204:
+        assert time.monotonic() < deadline, "the lapsed run was not requeued"
+        time.sleep(0.5)  # until the killed agent's lease lapses and the run is requeued
+    assert claim.json()["run"]["id"] == run_id and claim.json()["run"]["attempt"] == 2
+    again: WorkerProc | None = None
+    with holding(rival, run_id, rival_id, attempt=2):
+        try:
+            again = docker_agent(service, work_dir, token=agent.token)
+            again.worker_id()
+            deadline = time.monotonic() + 60
+            while run_containers(engine, run_id):
+                assert time.monotonic() < deadline, again.log.read_text()
+                time.sleep(0.2)
+            said = again.log.read_text()
+            assert f"removing container {container.short_id} of run {run_id}" in said
+            assert "no longer this worker's" in said and "adopting" not in said
+            run = service.client.get(f"/api/v1/runs/{run_id}").json()
+            assert (run["status"], run["worker_id"], run["attempt"]) == ("running", rival_id, 2)
+        finally:
+            service.client.post(f"/api/v1/runs/{run_id}/cancel")
+            if again is not None:
+                again.stop()
+
+
+@contextmanager
+def holding(worker: httpx.Client, run_id: int, worker_id: int, *, attempt: int) -> Iterator[None]:
+    """Keep the run's lease for `worker_id` with a heartbeat a second."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(1.0):
+            body = {"worker_id": worker_id, "attempt": attempt, "progress": None}
+            worker.post(f"/api/v1/runs/{run_id}/heartbeat", json=body)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()
 
 
 def test_a_run_pinned_by_tag_alone_is_refused_unless_the_operator_allows_tags(
@@ -272,6 +385,31 @@ def test_a_run_pinned_by_tag_alone_is_refused_unless_the_operator_allows_tags(
     lenient = DockerExecutor(images=[IMAGE], allow_tag=True)
     assert lenient.image_for(IMAGE).id == image_id
     assert {image_id, IMAGE} <= set(lenient.advertised_images())
+
+
+def test_the_checks_container_a_killed_agent_left_is_removed_by_the_next(
+    engine: Any, image_id: str
+) -> None:
+    from worker.node.executors.docker import LABEL_AGENT, DockerExecutor
+    from worker.node.readiness_probe import container_options, job_user
+
+    executor = DockerExecutor(images=[image_id])
+    image = executor.image_for(None)
+    # As the checks' container of an agent killed mid-check: its labels, never started.
+    labels = {**executor.agent_labels(), LABEL_AGENT: "gone/1/1"}
+    left = engine.containers.create(
+        **container_options(image.id, gpus=False, user=job_user(image.user)), labels=labels
+    )
+    mine = engine.containers.create(
+        **container_options(image.id, gpus=False, user=job_user(image.user)),
+        labels=executor.agent_labels(),  # a live agent's (this one's): kept
+    )
+    try:
+        assert executor.orphaned_jobs() == []  # not a job: nothing to adopt
+        ids = {c.id for c in engine.containers.list(all=True)}
+        assert left.id not in ids and mine.id in ids
+    finally:
+        mine.remove(force=True)
 
 
 def test_a_job_past_its_deadline_is_stopped_in_its_locked_down_container(

@@ -30,9 +30,9 @@ from pydantic import ValidationError
 
 from service.config import Settings
 from tests.kustomize import with_components
-from worker.node.agent import POOL, GpusMissing, expected_gpus
 from worker.node.dataset_cache import memory_size
 from worker.node.executors.process import job_environment, told_images
+from worker.node.registration import POOL, GpusMissing, expected_gpus
 from worker.record import hardware
 
 ROOT = Path(__file__).resolve().parents[2]

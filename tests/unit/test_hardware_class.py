@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.node.agent import GpusMissing, expected_gpus
+from worker.node.registration import GpusMissing, expected_gpus
 from worker.record import hardware
 
 SAPPHIRE_RAPIDS = """\

@@ -14,19 +14,19 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from worker.node.adoption import AdoptingExecutor, NotAdoptable, OrphanedJob, adoptable, still_held
 from worker.node.client import ApiClient, ApiError, ApiUnreachable, Id
 from worker.node.enrollment import worker_credential
 from worker.node.executors import Executor, make_executor
 from worker.node.job import ClaimedRun, Job
 from worker.node.liveness import mark_alive
 from worker.node.readiness_probe import agent_flags
-from worker.node.reports import MAX_BACKOFF, Courier, Outbox
-from worker.record import hardware
-from worker.record.gpu_info import gpu_devices
+from worker.node.registration import registration
+from worker.node.reports import MAX_BACKOFF, Courier, Outbox, Report
 
 log = logging.getLogger("reprotrain.agent")
 CLAIM_WAIT_SECONDS = 20.0  # how long an idle worker's claim waits on the server (long poll)
@@ -35,31 +35,6 @@ _LOCK_FILE = ".agent.lock"
 
 class WorkDirBusy(Exception):
     """Another agent holds this work directory."""
-
-
-class GpusMissing(Exception):
-    """The node shows fewer GPUs than the agent was told to expect (REPRO_EXPECT_GPUS)."""
-
-
-EXPECT_GPUS = "REPRO_EXPECT_GPUS"
-POOL = "REPRO_WORKER_POOL"
-
-
-def expected_gpus(environ: Mapping[str, str], found: int) -> None:
-    """GpusMissing when `environ` expects more GPUs than were `found`: a pod scheduled for
-    GPUs that sees none (no NVIDIA runtime, a CDI cluster) must not train GPU runs on its CPU."""
-    text = (environ.get(EXPECT_GPUS) or "").strip()
-    if not text:
-        return
-    if not text.isdigit():
-        raise GpusMissing(f"{EXPECT_GPUS} must be a whole number of GPUs, not {text!r}")
-    if found < int(text):
-        raise GpusMissing(
-            f"{EXPECT_GPUS}={text}, but the CUDA driver shows {found} GPU(s) here: the "
-            "container has no GPU runtime (set runtimeClassName: nvidia, or the NVIDIA "
-            "container toolkit), or the GPUs were not granted; not registering, so no GPU "
-            "run trains on this CPU"
-        )
 
 
 class Agent:
@@ -104,14 +79,14 @@ class Agent:
     # -- stopping ----------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Stop gracefully: the job checkpoints at its epoch end; a second call kills it."""
+        """Stop gracefully: the job checkpoints after its current steps; a second call kills it."""
         with self._lock:
             self._stops += 1
             force = self._stops > 1
             job = self._job
             self._stop.set()
         if job is not None:
-            log.info("stop requested: %s", "killing the job" if force else "ending at epoch end")
+            log.info("stop requested: %s", "killing the job" if force else "checkpointing the job")
             job.handle.send_signal(signal.SIGKILL if force else signal.SIGTERM)
 
     def install_signal_handlers(self) -> None:
@@ -129,10 +104,11 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Register, send reports left from before, then claim and run jobs until stopped
-        or `max_jobs` jobs are done."""
+        """Register, send reports left from before, follow the jobs an earlier agent left
+        running, then claim and run jobs until stopped or `max_jobs` jobs are done."""
         with _work_dir_lock(self.work_dir):
-            self.executor.reap_orphans()
+            if not isinstance(self.executor, AdoptingExecutor):
+                self.executor.reap_orphans()  # an adopting executor's wait for adoption, below
             if not self._register():
                 return
             if self.readiness_checks:
@@ -142,6 +118,8 @@ class Agent:
                 ).start()
             # Before claiming: a claim may requeue runs whose lease ran out, ours among them.
             self.courier.deliver_pending()
+            if isinstance(self.executor, AdoptingExecutor):
+                self._adopt(self.executor.orphaned_jobs())
             try:
                 done = self._claim_loop()
             finally:  # the next job's interpreter goes with the agent
@@ -166,6 +144,39 @@ class Agent:
             done += 1
         return done
 
+    def _adopt(self, orphans: Sequence[OrphanedJob]) -> None:
+        """Follow each job an earlier agent on this work directory left to its report, as
+        if this agent had started it; remove those it may not follow."""
+        for orphan in sorted(orphans, key=lambda o: not o.ended):  # ended ones report at once
+            if self._stop.is_set():
+                return  # the rest stay for the next start
+            self._adopt_one(orphan)
+
+    def _adopt_one(self, orphan: OrphanedJob) -> None:
+        try:
+            record = adoptable(orphan, work_dir=self.work_dir, worker_id=self._wid)
+            still_held(self.client, record)
+        except NotAdoptable as exc:
+            orphan.remove(str(exc))
+            return
+        log.info(
+            "adopting %s (%s) of run %s, attempt %d, left by an earlier agent",
+            orphan.describe(),
+            orphan.state,
+            record.run_id,
+            record.attempt,
+        )
+        run = self._claimed_run(record.claim())
+
+        def follow() -> Report | None:
+            try:
+                return run.adopt(orphan.follow, export_model=record.export_model)
+            except BaseException:
+                orphan.remove("the agent failed while adopting it")  # if it is still there
+                raise
+
+        self._carry(run, follow)
+
     def _executor_call(self, name: str) -> None:
         # Optional executor hooks: only the process executor keeps a warm interpreter.
         hook = getattr(self.executor, name, None)
@@ -177,19 +188,7 @@ class Agent:
             log.warning("executor %s failed: %s", name, exc)
 
     def _registration(self) -> dict[str, Any]:
-        gpus = gpu_devices()
-        expected_gpus(os.environ, len(gpus))
-        return {
-            "executors": [self.executor.kind],
-            "images": list(dict.fromkeys([*self.executor.advertised_images(), *self.images])),
-            "gpu": gpus[0].get("name") if gpus else None,
-            "hostname": socket.gethostname(),
-            "gpus": len(gpus),
-            "cpu_devices": None if gpus else self.cpu_replicas,
-            "accepts_code": bool(getattr(self.executor, "accepts_code", False)),
-            "hardware_class": hardware.this_machine(gpus)["class"],
-            "pool": os.environ.get(POOL) or None,
-        }
+        return registration(self.executor, images=self.images, cpu_replicas=self.cpu_replicas)
 
     def _report_readiness(self) -> None:
         """Run the reproducibility checks where jobs run and register again with their flags
@@ -305,7 +304,11 @@ class Agent:
         return self.worker_id
 
     def _process(self, claim: dict[str, Any]) -> None:
-        run = ClaimedRun(
+        run = self._claimed_run(claim)
+        self._carry(run, run.execute)
+
+    def _claimed_run(self, claim: dict[str, Any]) -> ClaimedRun:
+        return ClaimedRun(
             claim,
             client=self.client,
             executor=self.executor,
@@ -317,8 +320,11 @@ class Agent:
             heartbeat_seconds=self.heartbeat_seconds,
             progress_seconds=self.progress_seconds,
         )
+
+    def _carry(self, run: ClaimedRun, execute: Callable[[], Report | None]) -> None:
+        """Run the job to its report and deliver it."""
         try:
-            report = run.execute()
+            report = execute()
         except Exception as exc:  # the agent's own failure around this run: report, go on
             log.exception("run %s: the agent failed around the job", run.run_id)
             tb = traceback.format_exc()

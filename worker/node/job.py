@@ -37,6 +37,7 @@ from worker.node.job_files import (
     describe_exit,
     job_file_bounds,
 )
+from worker.node.job_record import JobRecord, forget_record, keep_record
 from worker.node.job_workspace import FileTooLarge, JobWorkspace, UnsafeJobFile
 from worker.node.liveness import mark_alive
 from worker.node.reports import Outbox, Report, ReportKind
@@ -178,16 +179,57 @@ class ClaimedRun:
             if options.get("until_epoch") is not None or options.get("until_step") is not None
             else attempt_dir / MODEL_FILE,
         )
+        record = JobRecord(
+            run_id=self.run_id,
+            attempt=attempt,
+            worker_id=self.worker_id,
+            limits=dict(self.claim.get("limits") or {}),
+            export_model=request.export_model is not None,
+        )
+        keep_record(attempt_dir, record)  # before the job starts: a job has a record
+        return self._run(request, lambda: self.executor.start(request))
+
+    def adopt(self, follow: Callable[[Path], JobHandle], *, export_model: bool) -> Report | None:
+        """Follow the job an earlier agent on this work directory started for this claim
+        (`follow(result_path)` gives its handle) to its report, as if it had started it."""
+        attempt_dir = self.work_dir / "runs" / str(self.run_id) / f"attempt-{self.attempt}"
+        request = JobRequest(
+            run_id=self.run_id,
+            attempt_dir=attempt_dir,
+            spec_path=attempt_dir / "spec.json",
+            result_path=attempt_dir / "result.json",
+            checkpoint_dir=attempt_dir / "checkpoints",
+            # How the job was started: read by no one once it runs.
+            resume=False,
+            max_model_parameters=None,
+            trace_every_steps=None,
+            until_epoch=None,
+            image=None,
+            export_model=attempt_dir / MODEL_FILE if export_model else None,
+        )
+        return self._run(request, lambda: follow(request.result_path), adopted=True)
+
+    def _run(
+        self, request: JobRequest, start: Callable[[], JobHandle], *, adopted: bool = False
+    ) -> Report | None:
         # Opened before the job starts, so what the agent reads and writes there is reached
-        # from this descriptor, whatever the job makes of the names inside.
-        with JobWorkspace(attempt_dir) as workspace, workspace.create_log("job.log") as job_log:
-            started = time.monotonic()
-            job = Job(self.run_id, self.executor.start(request))
-            try:
-                return self._follow(job, request, workspace, job_log, started)
-            finally:
-                job.handle.close()
-                shutil.rmtree(ckpt_dir, ignore_errors=True)  # uploaded, or superseded
+        # from this descriptor, whatever the job makes of the names inside. An adopted job's
+        # output is read again from its start: its log is written anew.
+        try:
+            with (
+                JobWorkspace(request.attempt_dir) as workspace,
+                workspace.create_log("job.log", replace=adopted) as job_log,
+            ):
+                started = time.monotonic()
+                job = Job(self.run_id, start())
+                try:
+                    return self._follow(job, request, workspace, job_log, started)
+                finally:
+                    job.handle.close()
+                    # Its checkpoints are uploaded, or superseded.
+                    shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
+        finally:
+            forget_record(request.attempt_dir)  # ended, or never started: nothing to adopt
 
     def _follow(
         self,

@@ -204,10 +204,15 @@ class JobWorkspace:
         with self.open_file(relative, max_bytes=max_bytes) as opened:
             return opened.read()
 
-    def create_log(self, name: str) -> IO[str]:
+    def create_log(self, name: str, *, replace: bool = False) -> IO[str]:
         """A new text file for the agent to write in the workspace (before the job starts:
-        O_EXCL and O_NOFOLLOW, so nothing a job placed there is written through)."""
-        fd = os.open(self._parts(name)[-1], _LOG_FLAGS, 0o644, dir_fd=self._fd)
+        O_EXCL and O_NOFOLLOW, so nothing a job placed there is written through); with
+        `replace`, whatever has the name is unlinked first (a link goes, not its target)."""
+        leaf = self._parts(name)[-1]
+        if replace:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leaf, dir_fd=self._fd)
+        fd = os.open(leaf, _LOG_FLAGS, 0o644, dir_fd=self._fd)
         return os.fdopen(fd, "w", encoding="utf-8")
 
     def move_out(self, relative: Path | str, directory: Path) -> Path | None:

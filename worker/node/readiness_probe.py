@@ -112,9 +112,18 @@ def job_user(image_user: str) -> str:
     return image_user
 
 
-def in_container(client: Any, image_id: str, *, gpus: bool, user: str) -> dict[str, Any]:
-    """Run the checks in a fresh container of the image; the container is always removed."""
-    container = client.containers.create(**container_options(image_id, gpus=gpus, user=user))
+def in_container(
+    client: Any,
+    image_id: str,
+    *,
+    gpus: bool,
+    user: str,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run the checks in a fresh container of the image; the container is removed, by this
+    call or (`labels`: its agent's, for a killed agent) by the agent's next start."""
+    options = container_options(image_id, gpus=gpus, user=user)
+    container = client.containers.create(**options, labels=labels or {})
     try:
         container.start()
         container.wait(timeout=PROBE_TIMEOUT_SECONDS)
@@ -151,7 +160,11 @@ def agent_flags(executor: Any) -> list[dict[str, str]] | None:
         if executor.kind == "docker":
             image = executor.image_for(None)
             report = in_container(
-                executor.client, image.id, gpus=bool(executor.gpus), user=job_user(image.user)
+                executor.client,
+                image.id,
+                gpus=bool(executor.gpus),
+                user=job_user(image.user),
+                labels=executor.agent_labels(),
             )
         else:
             report = in_process()

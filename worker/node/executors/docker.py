@@ -31,7 +31,7 @@ from docker.types import DeviceRequest, Mount
 from worker.errors import SpecError
 from worker.node.executors import ExecutorUnavailable
 from worker.node.executors.base import JobRequest, export_environment
-from worker.node.executors.docker_job import ContainerJob
+from worker.node.executors.docker_job import ContainerJob, OrphanedContainer
 from worker.node.executors.process import job_command
 from worker.record.gpu_info import gpu_devices
 from worker.spec import parse_any_spec
@@ -274,8 +274,7 @@ class DockerExecutor:
             environment=env,
             working_dir=str(WORKSPACE),
             labels={
-                LABEL_AGENT: self.instance,
-                LABEL_HOST: self.host,
+                **self.agent_labels(),
                 LABEL_RUN: str(request.run_id),
             },
             name=f"reprotrain-run-{request.run_id}-{secrets.token_hex(4)}",
@@ -332,22 +331,42 @@ class DockerExecutor:
             for name in (*dirs, *files):
                 os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
-    def reap_orphans(self) -> None:
-        """Remove this host's job containers whose agent is no longer running."""
+    def agent_labels(self) -> dict[str, str]:
+        """The labels of every container this agent starts, by which a later agent on this
+        host finds what it left."""
+        return {LABEL_AGENT: self.instance, LABEL_HOST: self.host}
+
+    def orphaned_jobs(self) -> list[OrphanedContainer]:
+        """This host's job containers whose agent is no longer running (running or not),
+        for the agent to adopt or remove. Other containers such an agent left (its
+        reproducibility checks') are removed here."""
         found = self.client.containers.list(
             all=True, filters={"label": f"{LABEL_HOST}={self.host}"}
         )
+        orphans = []
         for container in found:
             owner = str(container.labels.get(LABEL_AGENT, ""))
             if owner == self.instance or _instance_alive(owner):
                 continue
-            log.warning(
-                "removing container %s of run %s: the agent that started it is gone",
-                container.short_id,
-                container.labels.get(LABEL_RUN),
+            if LABEL_RUN not in container.labels:
+                log.info("removing container %s that a killed agent left", container.short_id)
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True)
+                continue
+            orphan = OrphanedContainer(
+                container,
+                run_id=str(container.labels.get(LABEL_RUN, "")),
+                workspace_mount=WORKSPACE,
+                memory_limit=self.memory,
+                deadline_seconds=self.deadline,
             )
-            with contextlib.suppress(docker.errors.NotFound):  # removed by someone else
-                container.remove(force=True)
+            orphans.append(orphan)
+        return orphans
+
+    def reap_orphans(self) -> None:
+        """Remove this host's job containers whose agent is no longer running."""
+        for orphan in self.orphaned_jobs():
+            orphan.remove("the agent that started it is gone")
 
 
 def _spec_environment(spec_path: Path) -> dict[str, str]:

@@ -12,9 +12,11 @@ import codecs
 import contextlib
 import logging
 import queue
+import re
 import signal
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import docker.errors
@@ -29,6 +31,7 @@ _END = None
 _MAX_SIGNAL = 64
 _SIGNAL_EXIT_BASE = 128  # docker-init (tini) exits 128+N when its child died of signal N
 _ENGINE_ERRORS = (docker.errors.APIError, requests.exceptions.RequestException)
+_NANOSECONDS = re.compile(r"(\.\d{6})\d*")  # the engine's timestamps have 9 digits
 
 
 class ContainerJob:
@@ -165,3 +168,68 @@ class ContainerJob:
         except _ENGINE_ERRORS as exc:  # the next agent start reaps it (it is labelled)
             log.warning("container %s not removed: %s", self.container.short_id, exc)
         self._reader.join(timeout=KILL_GRACE_SECONDS)
+
+
+class OrphanedContainer:
+    """A job container whose agent is gone: followed again as a job, or removed."""
+
+    def __init__(
+        self,
+        container: Container,
+        *,
+        run_id: str,
+        workspace_mount: Path,
+        memory_limit: str | None,
+        deadline_seconds: float | None,
+    ) -> None:
+        self.container = container
+        self.run_id = run_id
+        self.state = str(container.status)  # "running", "exited", "created", ...
+        self.ended = self.state == "exited"
+        # The host directory mounted as the job's workspace: where its result is written.
+        self.workspace = next(
+            (
+                Path(str(mount["Source"]))
+                for mount in container.attrs.get("Mounts") or []
+                if mount.get("Destination") == str(workspace_mount) and mount.get("Source")
+            ),
+            None,
+        )
+        self._memory_limit = memory_limit
+        self._deadline_seconds = deadline_seconds
+
+    def describe(self) -> str:
+        """How the log names it."""
+        return f"container {self.container.short_id}"
+
+    def follow(self, result_path: Path) -> ContainerJob:
+        """The container as a job: its stderr from its start, its exit, what is left of its
+        deadline (counted from when it started)."""
+        return ContainerJob(
+            self.container,
+            result_path=result_path,
+            memory_limit=self._memory_limit,
+            # One that ended on its own, in time or not, keeps its result.
+            deadline_seconds=None if self.ended else self._deadline_left(),
+        )
+
+    def _deadline_left(self) -> float | None:
+        if self._deadline_seconds is None:
+            return None
+        state = self.container.attrs.get("State")  # a string in a sparse listing
+        started = str(state.get("StartedAt", "")) if isinstance(state, dict) else ""
+        try:
+            since = datetime.fromisoformat(_NANOSECONDS.sub(r"\1", started))
+        except ValueError:  # the engine does not say: the whole deadline from now
+            return self._deadline_seconds
+        return max(self._deadline_seconds - (datetime.now(UTC) - since).total_seconds(), 0.0)
+
+    def remove(self, why: str) -> None:
+        """Kill it if it still runs and remove it, saying why."""
+        log.warning("removing %s of run %s: %s", self.describe(), self.run_id or "?", why)
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:  # removed by someone else meanwhile
+            pass
+        except _ENGINE_ERRORS as exc:  # still labelled: the next agent start tries again
+            log.warning("%s not removed: %s", self.describe(), exc)
