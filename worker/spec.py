@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from worker.errors import MalformedSpecError, SpecError
@@ -57,6 +58,7 @@ MAX_PREFETCH_BATCHES = 256
 Threads = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_THREADS)]
 # Replicas become devices (GPUs, or logical CPU devices) on one worker.
 MAX_REPLICAS = 64
+MAX_ROW_SHARDS = 256  # a shard is a call of the generator, traced into every batch's graph
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 # Steps per compiled call are capped by the epoch and its boundaries; beyond that a bound
 # only keeps the number sane (it allocates nothing).
@@ -112,6 +114,20 @@ class DatasetSpec(_Strict):
     # A stored dataset, by content digest (`repro dataset push`); generators that read
     # stored arrays (e.g. `arrays`) train on it.
     data: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    # Each batch as this many equal shards of rows, shard k generated from its own seed
+    # (fold_in(batch seed, k)) and indices: a range of shards generated on its own equals
+    # those rows of the whole batch. 1: the batch in one call. Another count is other data
+    # (the same generator, other seeds).
+    shards: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_ROW_SHARDS)] = 1
+
+    @model_validator(mode="after")
+    def _equal_shards(self) -> Self:
+        if self.batch_size % self.shards:
+            raise ValueError(
+                f"shards: batch_size {self.batch_size} cannot be split into {self.shards} "
+                "equal shards of rows; make batch_size a multiple of shards"
+            )
+        return self
 
 
 class ModelSpec(_Strict):
@@ -318,6 +334,7 @@ _LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("determinism", "tf32"), None),
     (("training", "steps_per_execution"), 1),
     (("environment", "hardware"), None),
+    (("dataset", "shards"), 1),
 )
 # Those added after script experiments were.
 _SCRIPT_LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (

@@ -82,6 +82,7 @@ def build_job_data(
         "assert_cardinality": True,
         "forbid_stateful_rng": spec.determinism.op_determinism,
         "name": ds.generator,
+        "row_shards": ds.shards,
     }
     train = StatelessRngDataset(
         source.batch_generator,

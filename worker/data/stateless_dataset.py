@@ -3,6 +3,10 @@
 Batch `b` of epoch `e` gets the seed fold_in(fold_in(base, e)[, shard], b) and the
 generator is called as `batch_generator(indices, seed)`. Nothing depends on call order,
 so parallel map and prefetch change at most the emission order, never the values.
+
+With `row_shards` S > 1 a batch is S equal shards of rows, shard k generated from the
+seed fold_in(batch seed, k) and its own indices: a dataset of some of them (`own_shards`)
+gives exactly those rows of the whole batch.
 """
 
 from __future__ import annotations
@@ -82,14 +86,23 @@ class StatelessRngDataset:
         forbid_stateful_rng: bool = False,
         name: str | None = None,
         pass_epoch_seed: bool = False,
+        row_shards: int = 1,
+        own_shards: tuple[int, int] | None = None,
         _traced: tuple[Any, list[str], Any] | None = None,
     ) -> None:
         if batch_size < 1 or num_batches < 1:
             raise ValueError("batch_size and num_batches must be positive")
         if epoch < 0 or stream < 0 or (shard_key is not None and shard_key < 0):
             raise ValueError("epoch, stream and shard_key must be non-negative")
+        if row_shards < 1 or batch_size % row_shards:
+            raise ValueError(f"batch_size {batch_size} is not {row_shards} equal row shards")
+        first, end = own_shards or (0, row_shards)
+        if not 0 <= first < end <= row_shards:
+            raise ValueError(f"own_shards {own_shards} is not a range of {row_shards} shards")
         self.batch_size = int(batch_size)
         self.num_batches = int(num_batches)
+        self.row_shards = int(row_shards)
+        self.own_shards = (first, end)
         self.num_parallel_calls = num_parallel_calls
         self.prefetch_buffer = prefetch_buffer
         self.deterministic_order = deterministic_order
@@ -193,6 +206,8 @@ class StatelessRngDataset:
             "stream": self.stream,
             "name": self.name,
             "pass_epoch_seed": self.pass_epoch_seed,
+            "row_shards": self.row_shards,
+            "own_shards": self.own_shards,
         }
         args.update(changes)
         if (args["xla_compile_generator"], args["pass_epoch_seed"]) == (
@@ -212,14 +227,51 @@ class StatelessRngDataset:
         """The values of one batch, computed directly (equal to the dataset's element)."""
         return self._batch(tf.constant(self._prefix_seed), tf.cast(batch_id, tf.int64))
 
+    @property
+    def rows(self) -> int:
+        """The rows of each batch this dataset gives: its own shards' (all by default)."""
+        first, end = self.own_shards
+        return self.batch_size // self.row_shards * (end - first)
+
     def _batch(self, prefix_seed: tf.Tensor, batch_id: tf.Tensor) -> Any:
-        """Batch `batch_id` (int64) of the epoch whose prefix seed is `prefix_seed`."""
-        start = batch_id * self.batch_size
-        indices = tf.range(start, start + self.batch_size, dtype=tf.int64)
+        """Batch `batch_id` (int64) of the epoch whose prefix seed is `prefix_seed` (its own
+        shards' rows)."""
         seed = tf.random.experimental.stateless_fold_in(prefix_seed, batch_id)
-        if self.pass_epoch_seed:
-            return self._generator(indices, seed, prefix_seed)
-        return self._generator(indices, seed)
+        if self.row_shards == 1:
+            return self._rows(batch_id * self.batch_size, self.batch_size, seed, prefix_seed)
+        per_shard = self.batch_size // self.row_shards
+        parts = [
+            self._rows(
+                batch_id * self.batch_size + k * per_shard,
+                per_shard,
+                tf.random.experimental.stateless_fold_in(seed, tf.constant(k, tf.int64)),
+                prefix_seed,
+            )
+            for k in range(*self.own_shards)
+        ]
+        return tf.nest.map_structure(lambda *leaves: tf.concat(leaves, axis=0), *parts)
+
+    def _rows(self, start: Any, count: int, seed: tf.Tensor, prefix_seed: tf.Tensor) -> Any:
+        """The generator's `count` rows from index `start`, checked to be that many."""
+        indices = tf.range(start, start + count, dtype=tf.int64)
+        out = (
+            self._generator(indices, seed, prefix_seed)
+            if self.pass_epoch_seed
+            else self._generator(indices, seed)
+        )
+        if self.row_shards == 1:
+            return out
+        message = (
+            f"generator {self.name!r} must return one row per index it is given: a batch "
+            f"split into {self.row_shards} row shards asks for {count} rows at a time"
+        )
+
+        def counted(leaf: tf.Tensor) -> tf.Tensor:
+            rows = tf.shape(leaf)[0]
+            with tf.control_dependencies([tf.debugging.assert_equal(rows, count, message)]):
+                return tf.identity(leaf)
+
+        return tf.nest.map_structure(counted, out)
 
     def as_dataset(self) -> tf.data.Dataset:
         """The tf.data pipeline: range of batch ids → parallel generator map → prefetch."""
