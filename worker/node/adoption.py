@@ -61,7 +61,8 @@ class AdoptingExecutor(Protocol):
     """An executor whose jobs can outlive their agent."""
 
     def orphaned_jobs(self) -> Sequence[OrphanedJob]:
-        """This host's jobs whose agent is gone; nothing is removed."""
+        """This host's jobs whose agent is gone, none of them removed (what else such an
+        agent left, which no one adopts, may be)."""
         ...
 
 
