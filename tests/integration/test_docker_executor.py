@@ -150,8 +150,19 @@ def wait_for(service: Service, run_id: int, check: Any, timeout: float = 180) ->
     raise TimeoutError(f"run {run_id}: {run['status']} {run.get('progress')}")
 
 
-def run_containers(engine: Any, run_id: int) -> list[Any]:
-    return list(engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}))
+def run_containers(engine: Any, run_id: int, work_dir: Path) -> list[Any]:
+    """The containers of run `run_id` whose workspace is under `work_dir`: other modules'
+    services number their runs too, on the same engine, at the same time."""
+    found = engine.containers.list(
+        all=True,
+        filters={"label": f"{RUN_LABEL}={run_id}"},
+        ignore_removed=True,  # one removed between the listing and its inspection
+    )
+    return [
+        c
+        for c in found
+        if any(Path(m["Source"]).is_relative_to(work_dir) for m in c.attrs.get("Mounts", []))
+    ]
 
 
 def test_container_job_equals_process_job_and_its_image_is_provenance(
@@ -223,7 +234,7 @@ def test_sigterm_checkpoints_releases_and_another_worker_resumes_identically(
         released = service.client.get(f"/api/v1/runs/{run_id}").json()
         assert released["status"] == "queued" and released["checkpoint_epoch"] >= 1
         step = released["checkpoint_step"]  # the signal's, or an epoch end's if it landed there
-        assert run_containers(engine, run_id) == []  # removed, not left behind
+        assert run_containers(engine, run_id, tmp_path) == []  # removed, not left behind
         later = docker_agent(service, tmp_path / "later")
         resumed = service.wait_run(run_id)
         assert resumed["status"] == "succeeded", resumed["error"]
@@ -245,15 +256,19 @@ def killed_mid_job(
     """(the agent, its worker id, the run, its container): the agent SIGKILLed while the
     run's job trains in a container that outlives it."""
     agent = docker_agent(service, work_dir)
-    wid = agent.worker_id()
-    run_id = submit(service, spec)
-    deadline = time.monotonic() + 120
-    # Killed while the job starts (its interpreter takes seconds), well before it can end.
-    while not [c for c in run_containers(engine, run_id) if c.status == "running"]:
-        assert time.monotonic() < deadline, agent.log.read_text()
-        time.sleep(0.2)
+    try:
+        wid = agent.worker_id()
+        run_id = submit(service, spec)
+        deadline = time.monotonic() + 120
+        # Killed while the job starts (its interpreter takes seconds), well before it can end.
+        while not [c for c in run_containers(engine, run_id, work_dir) if c.status == "running"]:
+            assert time.monotonic() < deadline, agent.log.read_text()
+            time.sleep(0.2)
+    except BaseException:
+        agent.stop()
+        raise
     agent.kill()
-    [container] = run_containers(engine, run_id)
+    [container] = run_containers(engine, run_id, work_dir)
     return agent, wid, run_id, container
 
 
@@ -281,7 +296,7 @@ def test_a_restarted_agent_adopts_the_job_its_killed_predecessor_left_running(
         assert done["result_summary"]["resumed_from_epoch"] is None
         assert done["final_fingerprint"] == produced(work_dir, run_id)["final_fingerprint"]
         assert done["checkpoint_epoch"] == 5  # the epochs it checkpointed unwatched are in
-        assert run_containers(engine, run_id) == []
+        assert run_containers(engine, run_id, work_dir) == []
         assert f"adopting container {container.short_id} (running)" in again.log.read_text()
     finally:
         again.stop()
@@ -301,7 +316,7 @@ def test_a_job_that_ended_while_no_agent_ran_is_reported_by_the_next_one(
         assert done["status"] == "succeeded", done["error"]
         assert (done["attempt"], done["worker_id"]) == (1, wid)
         assert done["final_fingerprint"] == produced(work_dir, run_id)["final_fingerprint"]
-        assert run_containers(engine, run_id) == []
+        assert run_containers(engine, run_id, work_dir) == []
         # The same bits as a run no agent left: an uninterrupted rerun of the same spec.
         rerun = service.client.post(f"/api/v1/runs/{run_id}/rerun")
         assert rerun.status_code == 202, rerun.text
@@ -336,7 +351,7 @@ def test_a_job_whose_run_another_worker_claimed_since_is_removed_not_adopted(
             again = docker_agent(service, work_dir, token=agent.token)
             again.worker_id()
             deadline = time.monotonic() + 60
-            while run_containers(engine, run_id):
+            while run_containers(engine, run_id, work_dir):
                 assert time.monotonic() < deadline, again.log.read_text()
                 time.sleep(0.2)
             said = again.log.read_text()

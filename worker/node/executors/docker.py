@@ -341,7 +341,9 @@ class DockerExecutor:
         for the agent to adopt or remove. Other containers such an agent left (its
         reproducibility checks') are removed here."""
         found = self.client.containers.list(
-            all=True, filters={"label": f"{LABEL_HOST}={self.host}"}
+            all=True,
+            filters={"label": f"{LABEL_HOST}={self.host}"},
+            ignore_removed=True,  # another agent on this host may remove its own meanwhile
         )
         orphans = []
         for container in found:
