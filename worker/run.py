@@ -41,6 +41,7 @@ from worker.models.model_size import check_parameter_limit
 from worker.record.environment_capture import EXPORT_MODEL_ENV
 from worker.result import DataFingerprint, JobError, JobResult, first_result, write_result
 from worker.spec import ExperimentSpec, ScriptExperimentSpec, load_spec
+from worker.training.cluster import DEFAULT_JOIN_SECONDS, ClusterError, JoinDeadline, this_host
 from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
 
@@ -143,6 +144,14 @@ def _option_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="fail the job if the model has more parameters (an operator's limit)",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=DEFAULT_JOIN_SECONDS,
+        help="a host of a multi-host run (TF_CONFIG) fails if its cluster has not formed "
+        f"within this many seconds (default {DEFAULT_JOIN_SECONDS:g})",
     )
     p.add_argument(
         "--max-activation-elements",
@@ -447,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             args.export_model = Path(os.environ[EXPORT_MODEL_ENV])
         if args.export_model is not None and args.export_model.suffix != ".keras":
             raise SpecError(f"--export-model must end in .keras, got {args.export_model.name}")
+        if not args.join_timeout > 0:
+            raise SpecError(f"--join-timeout must be positive, got {args.join_timeout}")
         for option in ("trace_every_steps", "until_epoch", "until_step", "stop_after_epoch"):
             value = getattr(args, option)
             if value is not None and value < 1:
@@ -507,6 +518,20 @@ def _spec_job(
     _reexec_if_needed(spec, argv)
     stop = StopRequest(args.stop_after_epoch)
     stop.install()
+    try:
+        host = this_host(spec.distribution.hosts)
+    except ClusterError as exc:
+        return _failure(exc, first_result(spec)[1], phase="spec")
+
+    def provisional(message: str) -> Path:
+        result = first_result(spec)[1]
+        result.status = "failed"
+        result.error = JobError(type="ClusterError", message=message, phase="training")
+        write_result(result, args.out)
+        return Path(args.out)
+
+    deadline = JoinDeadline(args.join_timeout, host, provisional)
+    deadline.start()
     options = TrainingOptions(
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
@@ -519,6 +544,7 @@ def _spec_job(
         until_step=args.until_step,
         allow_logical_devices=not args.no_logical_devices,
         classic=args.classic_loop,
+        joined=deadline.joined,
     )
     return run_job(
         spec,

@@ -58,6 +58,7 @@ MAX_PREFETCH_BATCHES = 256
 Threads = Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_THREADS)]
 # Replicas become devices (GPUs, or logical CPU devices) on one worker.
 MAX_REPLICAS = 64
+MAX_HOSTS = 64
 MAX_ROW_SHARDS = 256  # a shard is a call of the generator, traced into every batch's graph
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 # Steps per compiled call are capped by the epoch and its boundaries; beyond that a bound
@@ -179,9 +180,13 @@ class DeterminismSpec(_Strict):
 
 
 class DistributionSpec(_Strict):
-    """Data-parallel training: each global batch is split over `replicas` devices."""
+    """Data-parallel training: each global batch is split over `hosts` worker processes of
+    `replicas` devices each (hosts x replicas in all)."""
 
     replicas: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_REPLICAS)] = 1
+    # Worker processes, on as many machines, training one run together; each generates only
+    # its own dataset shards of every batch, so `dataset.shards` must be a multiple of it.
+    hosts: Annotated[int, BeforeValidator(_integral), Field(ge=1, le=MAX_HOSTS)] = 1
 
 
 class EnvironmentSpec(_Strict):
@@ -265,6 +270,23 @@ class ExperimentSpec(_SpecBase):
     # generators and architectures the spec names.
     code: str | None = Field(default=None, pattern=DIGEST_PATTERN)
 
+    @model_validator(mode="after")
+    def _hosts_own_whole_shards(self) -> Self:
+        hosts, shards = self.distribution.hosts, self.dataset.shards
+        if shards % hosts:
+            raise ValueError(
+                f"distribution.hosts {hosts} must divide dataset.shards {shards}: each host "
+                f"generates its own equal part of every batch's shards; set dataset.shards "
+                f"to a multiple of {hosts}"
+            )
+        devices = hosts * self.distribution.replicas
+        if self.dataset.batch_size < devices:
+            raise ValueError(
+                f"dataset.batch_size {self.dataset.batch_size} cannot be split over "
+                f"{devices} replicas ({hosts} host(s) x {self.distribution.replicas})"
+            )
+        return self
+
 
 MAX_SCRIPT_ARGS = 256
 MAX_SCRIPT_ARG_CHARS = 4096
@@ -328,6 +350,7 @@ AnySpec = ExperimentSpec | ScriptExperimentSpec
 _LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("dataset", "data"), None),
     (("training", "checkpoint_every_steps"), None),
+    (("distribution", "hosts"), 1),  # before the section's own entry, which it makes true
     (("distribution",), {"replicas": 1}),
     (("code",), None),
     (("model", "definition"), None),

@@ -45,8 +45,10 @@ def build_job_data(
     *,
     data: dict[str, np.ndarray] | None = None,
     definition: DefinitionInfo | None = None,
+    own_shards: tuple[int, int] | None = None,
 ) -> JobData:
-    """The job's data (`definition`: the model definition the spec trains, if any);
+    """The job's data (`definition`: the model definition the spec trains, if any; a host
+    of several trains on `own_shards` of each batch, and evaluates on whole batches);
     GeneratorError if the generator breaks its contract or the dataset is too small for
     the spec's batches."""
     ds = spec.dataset
@@ -88,6 +90,7 @@ def build_job_data(
         source.batch_generator,
         num_batches=ds.train_batches,
         pass_epoch_seed=source.takes_epoch_seed,
+        own_shards=own_shards,
         **options,
     )
     if train.stateful_random_ops:
@@ -104,7 +107,9 @@ def build_job_data(
             **options,
         )
     elif ds.eval_batches:
-        evaluation = train.with_options(num_batches=ds.eval_batches, stream=EVAL_STREAM, epoch=0)
+        evaluation = train.with_options(
+            num_batches=ds.eval_batches, stream=EVAL_STREAM, epoch=0, own_shards=None
+        )
     return JobData(source, train, evaluation, warnings)
 
 

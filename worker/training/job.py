@@ -29,6 +29,7 @@ from worker.record.trace import PointKind, TracePoint
 from worker.record.variable_reads import training_state
 from worker.spec import ExperimentSpec
 from worker.training import determinism
+from worker.training.cluster import Host, own_shards
 from worker.training.losses import loss_maker
 from worker.training.mirrored_steps import MirroredSteps
 from worker.training.replicas import Placement
@@ -40,11 +41,12 @@ from worker.training.step_loop import xy as _xy
 def _data_info(data: StatelessRngDataset, source: BatchSource) -> DataInfo:
     x, y = _xy(data.make_batch(0), data.name)
     for what, t in (("x", x), ("y", y)):
-        if t.shape.rank == 0 or t.shape[0] != data.batch_size:
+        if t.shape.rank == 0 or t.shape[0] != data.rows:
+            whose = "" if data.rows == data.batch_size else " (this host's rows of it)"
             raise GeneratorError(
                 data.name,
                 f"{what} has shape {t.shape}; its first dimension must be the "
-                f"batch size {data.batch_size}",
+                f"batch size {data.rows}{whose}",
             )
     return DataInfo(
         x_shape=tuple(int(d) for d in x.shape[1:]),
@@ -72,21 +74,34 @@ class Job:
     ) -> None:
         self.spec, self.seed = spec, seed
         self.placement = placement or Placement(1, [], "default")
+        host = Host(self.placement.hosts, self.placement.rank)
         job_data = build_job_data(
-            spec, seed, data=data, definition=_definition_info(spec, model_definition)
+            spec,
+            seed,
+            data=data,
+            definition=_definition_info(spec, model_definition),
+            own_shards=own_shards(spec.dataset.shards, host),
         )
         source = job_data.source
         self.data: StatelessRngDataset = job_data.train
         self.eval_data: StatelessRngDataset | None = job_data.eval
         self.warnings: list[str] = job_data.warnings
+        if host.hosts > 1 and self.data.stateful_random_ops:
+            raise GeneratorError(
+                self.data.name,
+                f"it uses stateful RNG ops ({', '.join(self.data.stateful_random_ops)}), "
+                "so no host can generate its rows of a batch alone; it cannot train on "
+                "several hosts",
+            )
         info = _data_info(self.data, source)
 
         self.max_activation_elements = max_activation_elements
         self._build(info, max_model_parameters, model_definition)
         self._compile_steps()
         # A batch of exactly (x, y) is digested as a step consumes it: one step per call
-        # sees it in Python, a loop of several returns the batches it took.
-        self.digests_batches = is_xy_pair(self.data.output_spec)
+        # sees it in Python, a loop of several returns the batches it took. A host of
+        # several sees only its rows: the whole batches are digested after training.
+        self.digests_batches = host.hosts == 1 and is_xy_pair(self.data.output_spec)
         # Held-out batches are digested as evaluated when they come in batch-id order, as
         # their fingerprint reads them.
         evaluated = self.eval_data
@@ -163,6 +178,7 @@ class Job:
                 self.train_metrics, loss, y, out
             ),
             eval_step=self._eval_step,
+            outputs_read=len(self.train_metrics) > 1,
         )
         self.train_step = tf.function(steps.train_step, reduce_retracing=True)
         self.eval_step = tf.function(steps.eval_step, reduce_retracing=True)

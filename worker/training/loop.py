@@ -23,6 +23,7 @@ from worker.record.trace import TracePoint
 from worker.result import step_bucket_size
 from worker.spec import ExperimentSpec
 from worker.training import determinism, preflight
+from worker.training.cluster import ClusterError, lost_member, this_host
 from worker.training.job import Job
 from worker.training.options import TrainingOptions
 from worker.training.progress import ProgressReporter
@@ -81,6 +82,35 @@ def run_training(
     stored dataset's arrays (`dataset.data`), given to a generator factory that reads one;
     `model_definition` the bytes of the stored model definition (`model.definition`).
     """
+    try:
+        return _run_training(
+            spec,
+            seed=seed,
+            reporter=reporter,
+            options=options,
+            data=data,
+            model_definition=model_definition,
+        )
+    except (
+        tf.errors.UnavailableError,
+        tf.errors.AbortedError,
+        tf.errors.CancelledError,
+        tf.errors.DeadlineExceededError,
+    ) as exc:
+        if spec.distribution.hosts == 1:
+            raise
+        raise ClusterError(lost_member(exc.message)) from None
+
+
+def _run_training(
+    spec: ExperimentSpec,
+    *,
+    seed: SeedTuple,
+    reporter: ProgressReporter,
+    options: TrainingOptions,
+    data: dict[str, np.ndarray] | None,
+    model_definition: bytes | None,
+) -> TrainingOutcome:
     t_start = time.monotonic()
     job, record = _set_up(
         spec, seed=seed, options=options, data=data, model_definition=model_definition
@@ -113,8 +143,11 @@ def _set_up(
     if spec.dataset.batch_size < replicas:
         msg = f"batch_size {spec.dataset.batch_size} cannot be split over {replicas} replicas"
         raise SpecError(msg, errors=[{"loc": "distribution.replicas", "msg": msg}])
+    host = this_host(spec.distribution.hosts)
     # Logical devices must be declared before TensorFlow starts its devices.
-    placement = place_replicas(replicas, allow_logical_cpu=options.allow_logical_devices)
+    placement = place_replicas(
+        replicas, allow_logical_cpu=options.allow_logical_devices, hosts=host.hosts, rank=host.rank
+    )
     max_model_parameters = options.max_model_parameters
     if max_model_parameters is not None:
         # Built-in sizes are arithmetic on the spec: refuse before TensorFlow allocates anything.
@@ -123,8 +156,9 @@ def _set_up(
             check_parameter_limit(parameters, max_model_parameters, how="computed from the spec")
             max_model_parameters = None
     record = determinism.apply(spec.determinism, seed)
-    placement.start()
-    if replicas > 1:  # a one-replica record stays as it always was
+    placement.start()  # several hosts: joins the cluster, waiting for every member
+    options.joined()
+    if placement.total_replicas > 1:  # a one-replica record stays as it always was
         record["distribution"] = placement.record()
     job = Job(
         spec,
@@ -544,7 +578,9 @@ class _Training:
         missing = [e for e in range(1, last + 1) if e not in known]
         if missing:
             first = min(missing)
-            fingerprints = self.job.data.epochs_data_fingerprints(first, max(missing))
+            # Whole batches, also on a host that trained on its own rows of them.
+            whole = self.job.data.with_options(own_shards=None)
+            fingerprints = whole.epochs_data_fingerprints(first, max(missing))
             known.update((e, fp) for e, fp in enumerate(fingerprints, start=first) if e in missing)
         return [{"epoch": e, "fingerprint": known[e]} for e in range(1, last + 1)]
 

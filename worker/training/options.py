@@ -20,6 +20,10 @@ def never_now() -> bool:
     return False
 
 
+def nothing() -> None:
+    """A notification no one waits for."""
+
+
 @dataclass(frozen=True)
 class TrainingOptions:
     """The job's choices that leave the spec, and so its hash, unchanged.
@@ -54,3 +58,5 @@ class TrainingOptions:
     # The loop as it once was: a dataset per epoch and TensorFlow reseeded every epoch,
     # whatever the steps draw (slower; the same bits, which a test checks).
     classic: bool = False
+    # Called once a host of several has joined its cluster (the strategy is built).
+    joined: Callable[[], None] = nothing
