@@ -252,6 +252,13 @@ def _require_stored_inputs(db: Session, spec: AnySpec, settings: Settings) -> No
     if isinstance(spec, ScriptExperimentSpec):
         check_script(db, spec, settings)
         return
+    if spec.distribution.hosts > 1:
+        msg = (
+            f"distribution.hosts is {spec.distribution.hosts}: this server runs every job on "
+            "one worker and does not yet gather several into one run; a multi-host job runs "
+            "with python -m worker.run on each host, each given the cluster in TF_CONFIG"
+        )
+        raise InvalidSpec(msg, errors=[{"loc": "distribution.hosts", "msg": msg}])
     datasets.require_held(db, spec.dataset.data)
     datasets.require_fit(db, spec)
     code_bundles.require_held(db, spec.code, settings)
