@@ -6,6 +6,11 @@ Every job runs through `python -m worker.run` in a fresh process, as a worker ru
   CPU devices against the same spec with one replica, alternating order, best epoch after
   the first. Logical devices share the machine's cores, so this shows the strategy's
   overhead on a CPU rather than a speed-up (on N GPUs each replica has its own device).
+- Hosts (information): steps/s of `distribution: {hosts: 2, replicas: 1}` (two job
+  processes on 127.0.0.1 joined by MultiWorkerMirroredStrategy's gRPC collectives, rank 0's
+  epochs) against `{hosts: 1, replicas: 2}` (one process, two logical CPU devices), both
+  with `dataset.shards: 2`. Both share the same two cores: this measures what the
+  collective over sockets costs here, not scaling across machines.
 - Step checkpoints: with `training.checkpoint_every_steps: 50`, the job's own timing of its
   step checkpoints (state fingerprint, npz and JSON written and renamed, digest, meta with
   the RNG states) as a share of its training time. The fsyncs run on a thread beside
@@ -16,6 +21,7 @@ Every job runs through `python -m worker.run` in a fresh process, as a worker ru
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,8 +37,11 @@ CHECKPOINT_TARGET = 0.03
 EVERY = 50
 
 
-def spec(*, replicas: int, batches: int, epochs: int, every: int | None = None) -> dict[str, Any]:
-    """A dense classifier of 64 features and 10 classes, batch 256."""
+def spec(
+    *, replicas: int, batches: int, epochs: int, every: int | None = None, hosts: int = 1
+) -> dict[str, Any]:
+    """A dense classifier of 64 features and 10 classes, batch 256 (in 2 row shards when
+    it trains on several hosts, and when it is compared with them)."""
     training: dict[str, Any] = {
         "epochs": epochs,
         "optimizer": {"name": "adam", "params": {"learning_rate": 0.001}},
@@ -51,7 +60,7 @@ def spec(*, replicas: int, batches: int, epochs: int, every: int | None = None) 
         },
         "model": {"architecture": "mlp", "params": {"hidden": [256, 256]}},
         "training": training,
-        "distribution": {"replicas": replicas},
+        "distribution": {"replicas": replicas, "hosts": hosts},
     }
 
 
@@ -77,6 +86,44 @@ def run(spec: dict[str, Any], workdir: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+def run_hosts(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Run one job on `distribution.hosts` processes of this machine; rank 0's result."""
+    hosts = spec["distribution"]["hosts"]
+    socks = [socket.socket() for _ in range(hosts)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    workers = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+    for s in socks:
+        s.close()
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    procs = []
+    for rank in range(hosts):
+        out = workdir / f"result-{rank}.json"
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+        cmd = [sys.executable, "-m", "worker.run", "--spec", str(spec_path), "--out", str(out)]
+        env = {**job_env(), "TF_CONFIG": json.dumps(config)}
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
+    codes = [p.wait(timeout=600) for p in procs]
+    results: list[dict[str, Any]] = [
+        json.loads((workdir / f"result-{r}.json").read_text()) for r in range(hosts)
+    ]
+    if any(codes) or any(r.get("status") != "succeeded" for r in results):
+        errors = [(r.get("error") or {}).get("message") for r in results]
+        raise RuntimeError(f"{spec['name']}: a host did not succeed: {errors}")
+    return results[0]
+
+
+def _sharded(case: dict[str, Any]) -> dict[str, Any]:
+    case["dataset"]["shards"] = 2
+    return case
+
+
 def measure(quick: bool) -> list[Row]:
     batches, epochs = (20, 2) if quick else (40, 3)
     rates: dict[int, list[Trained]] = {1: [], 2: []}
@@ -89,6 +136,12 @@ def measure(quick: bool) -> list[Row]:
                 spec(replicas=replicas, batches=batches, epochs=epochs), Path(tmp) / str(n)
             )
             rates[replicas].append(trained(result))
+        split: dict[int, list[Trained]] = {1: [], 2: []}
+        for n, hosts in enumerate((2, 1) if quick else (2, 1, 1, 2)):
+            progress(f"replicas: {hosts} host(s) x {2 // hosts} replica(s), round {n + 1}")
+            case = _sharded(spec(replicas=2 // hosts, hosts=hosts, batches=batches, epochs=epochs))
+            where = Path(tmp) / f"hosts-{n}"
+            split[hosts].append(trained(run_hosts(case, where) if hosts > 1 else run(case, where)))
         for n in range(1):
             progress(f"replicas: step checkpoints every {EVERY} steps, round {n + 1}")
             work = Path(tmp) / f"ckpt-{n}"
@@ -111,6 +164,20 @@ def measure(quick: bool) -> list[Row]:
             params={"replicas": 2, "median_2": two.median_steps_per_s},
         )
     ]
+    two_hosts, one_host = best_of(split[2]), best_of(split[1])
+    rows.append(
+        Row(
+            section="replicas",
+            benchmark="2 hosts x 1 replica vs 1 host x 2 replicas, steps/s",
+            configuration=f"mlp 256x256, batch 256 in 2 shards x {batches} steps/epoch; two "
+            "processes on 127.0.0.1 (gRPC ring all-reduce) vs two logical CPU devices",
+            unit="steps/s",
+            measured=two_hosts.steps_per_s,
+            baseline=one_host.steps_per_s,
+            ratio=two_hosts.steps_per_s / one_host.steps_per_s,
+            params={"hosts": 2, "median_2_hosts": two_hosts.median_steps_per_s},
+        )
+    )
     spent, training, written = min(shares, key=lambda s: s[0] / s[1])
     share = spent / training
     per = spent / max(written, 1)

@@ -182,7 +182,7 @@ SECTIONS = {
     "script": Section("your own model.fit script with Reprotrain vs without", _script),
     "training": Section("2. op determinism on/off and 3b. trace share", _training),
     "fingerprint": Section("3a. fingerprinting, 1 MB to 1 GB", _fingerprint),
-    "replicas": Section("2 replicas vs 1, and step checkpoints every 50 steps", _replicas),
+    "replicas": Section("2 replicas vs 1, 2 hosts vs 1, step checkpoints", _replicas),
     "service": Section("4. service overhead", _service),
     "api": Section("5. API throughput and claims", _api),
     "scaling": Section("6. scaling with 1k, 10k, 100k runs", _scaling),
