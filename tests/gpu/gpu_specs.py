@@ -114,6 +114,15 @@ def replicas_spec(replicas: int) -> dict[str, Any]:
     return spec
 
 
+def hosts_spec(hosts: int, replicas: int) -> dict[str, Any]:
+    """The replicas' conv net, each global batch in 2 row shards, over `hosts` processes of
+    `replicas` GPUs each."""
+    spec = conv_spec(f"gpu-hosts-{hosts}x{replicas}", filters=[8, 16])
+    spec["dataset"]["shards"] = 2
+    spec["distribution"] = {"hosts": hosts, "replicas": replicas}
+    return spec
+
+
 def autotuned_cnn_spec() -> dict[str, Any]:
     """Convolutions cuDNN autotunes: 3x3 kernels of 64 and 128 channels on 32x32 RGB
     images in batches of 128, so each (forward, data and filter gradient) has several

@@ -9,13 +9,20 @@ from typing import Any
 
 import pytest
 
-from tests.gpu.gpu_jobs import ONE_GPU, assert_same_training, final_fingerprint, run_on
+from tests.gpu.gpu_jobs import (
+    ONE_GPU,
+    assert_same_training,
+    checked_result,
+    final_fingerprint,
+    run_on,
+)
 from tests.gpu.gpu_specs import (
     MIXED_FLOAT16,
     RESUME_STOP_AFTER_EPOCH,
     attention_spec,
     autotuned_cnn_spec,
     conv_spec,
+    hosts_spec,
     mixed_precision_definition,
     mixed_precision_spec,
     replicas_spec,
@@ -23,6 +30,7 @@ from tests.gpu.gpu_specs import (
     xla_clusters,
     xla_environment,
 )
+from tests.integration.gang import Gang
 
 pytestmark = pytest.mark.gpu
 
@@ -75,6 +83,24 @@ def test_two_replicas_on_two_gpus_rerun_bitwise_identical(two_gpus: str, tmp_pat
         assert placed["cross_device_ops"] == "ReductionToOneDevice"
         assert {g["uuid"] for g in result.provenance["gpus"]} == set(two_gpus.split(","))
     assert_same_training(a, b)
+
+
+def test_two_hosts_of_one_gpu_each_rerun_bitwise_identical(two_gpus: str, tmp_path: Path) -> None:
+    # Two processes, each seeing one of the two GPUs, joined by the ring all-reduce.
+    envs = [{"CUDA_VISIBLE_DEVICES": uuid} for uuid in two_gpus.split(",")]
+    runs = []
+    for name in ("a", "b"):
+        members = Gang(hosts_spec(2, 1), tmp_path / name, envs=envs).wait()
+        results = [checked_result(m, gpus=1) for m in members]
+        placed = results[0].determinism["distribution"]
+        assert placed["strategy"] == "MultiWorkerMirroredStrategy"
+        assert placed["cross_device_ops"] == "CollectiveAllReduce (RING)"
+        assert placed["device_kind"] == "gpu"
+        runs.append(results[0])
+    assert_same_training(runs[0], runs[1])
+    # One process of the same two GPUs trains on the same rows of every batch.
+    one_host = run_on(hosts_spec(1, 2), tmp_path / "one", devices=two_gpus, gpus=2)
+    assert one_host.data_fingerprints == runs[0].data_fingerprints
 
 
 @pytest.mark.parametrize("architecture", sorted(XLA_SPECS))

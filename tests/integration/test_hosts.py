@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,11 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.integration.gang import Gang, free_addresses
 from tests.integration.jobs import (
-    Finished,
     blobs_spec,
     job_env,
-    parse_line,
     read_result,
     write_spec,
 )
@@ -39,59 +37,6 @@ def _spec(hosts: int, replicas: int = 1, **training: Any) -> dict[str, Any]:
         training={**base["training"], **training},
         distribution={"hosts": hosts, "replicas": replicas},
     )
-
-
-def _addresses(count: int) -> list[str]:
-    """Free ports on 127.0.0.1, released for the members to bind (TensorFlow takes none
-    of its own choosing)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class Gang:
-    """`hosts` job processes of one run, member r in `root`/m<r> with its own checkpoints."""
-
-    def __init__(self, spec: dict[str, Any], root: Path, *args: str) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        spec_path = write_spec(spec, root)
-        hosts = spec["distribution"]["hosts"]
-        addresses = _addresses(hosts)
-        self.dirs = [root / f"m{r}" for r in range(hosts)]
-        self.procs = []
-        self.logs = []
-        for rank, d in enumerate(self.dirs):
-            d.mkdir(exist_ok=True)
-            cluster = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
-            argv = ["--spec", str(spec_path), "--out", str(d / "result.json")]
-            argv += ["--checkpoint-dir", str(d / "ckpt"), *args]
-            self.logs.append(open(d / "stderr.log", "w"))  # noqa: SIM115 (closed in member)
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "worker.run", *argv],
-                    env={**job_env(), "TF_CONFIG": json.dumps(cluster)},
-                    stdout=subprocess.DEVNULL,
-                    stderr=self.logs[-1],
-                )
-            )
-
-    def member(self, rank: int, timeout: float = 300) -> Finished:
-        """Member `rank` once it has ended."""
-        proc = self.procs[rank]
-        proc.wait(timeout=timeout)
-        self.logs[rank].close()
-        err = (self.dirs[rank] / "stderr.log").read_text()
-        events = [e for e in map(parse_line, err.splitlines()) if e is not None]
-        result = read_result(self.dirs[rank] / "result.json")
-        return Finished(proc.returncode, result, events, err)
-
-    def wait(self, timeout: float = 300) -> list[Finished]:
-        return [self.member(r, timeout) for r in range(len(self.procs))]
 
 
 def _trained(spec: dict[str, Any], root: Path, *args: str) -> JobResult:
@@ -183,7 +128,7 @@ def test_a_killed_member_stops_the_gang_which_resumes_identically_from_rank_0(
 
 def test_a_member_whose_cluster_never_forms_fails_saying_so(tmp_path: Path) -> None:
     spec_path = write_spec(_spec(2), tmp_path)
-    addresses = _addresses(2)
+    addresses = free_addresses(2)
     cluster = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
     out = tmp_path / "result.json"
     alone = subprocess.run(
