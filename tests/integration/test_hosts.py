@@ -39,12 +39,24 @@ def _spec(hosts: int, replicas: int = 1, **training: Any) -> dict[str, Any]:
     )
 
 
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.iterdir()) if directory.exists() else []
+
+
 def _trained(spec: dict[str, Any], root: Path, *args: str) -> JobResult:
     """Rank 0's result of a gang that trained `spec` to its end (every member succeeded)."""
+    given = root / "m1" / "ckpt"  # what a resumed member was given
+    before = _files(given)
     members = Gang(spec, root, *args).wait()
     for m in members:
         assert m.returncode == 0, (m.result.error, m.stderr[-3000:])
-    return members[0].result
+    lead, other = members[0].result, members[1].result
+    # Rank 0 alone writes checkpoints and fingerprints the data; every member trains alike.
+    assert lead.checkpoints and lead.data_fingerprints
+    assert _files(given) == before and other.data_fingerprints == []
+    assert [p.step for p in other.trace] == [p.step for p in lead.trace]
+    assert [m["loss"] for m in other.metrics] == [m["loss"] for m in lead.metrics]
+    return lead
 
 
 def _same_run(a: JobResult, b: JobResult) -> None:

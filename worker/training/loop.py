@@ -243,6 +243,9 @@ class _Training:
         self.spec_hash = spec.spec_hash()
         self.first_epoch, self.first_batch, self.step = 1, 0, 0
         self.checkpoint_dir = options.checkpoint_dir
+        # Of several hosts, rank 0 alone writes checkpoints and fingerprints the data: every
+        # host holds the same model and optimizer state, and reads it without collectives.
+        self.writes_checkpoints = job.placement.rank == 0
         self.step_every = tr.checkpoint_every_steps if self.checkpoint_dir is not None else None
         self.resumed_meta: dict[str, Any] | None = None
         # A generator with stateful RNG ops gives other batches when an epoch is generated
@@ -482,6 +485,8 @@ class _Training:
             self._step_checkpoint(self.checkpoint_dir, epoch, batch_in_epoch)
 
     def _step_checkpoint(self, directory: Path, epoch: int, batch_in_epoch: int) -> None:
+        if not self.writes_checkpoints:
+            return
         t_ck = time.monotonic()
         name = save_step_checkpoint(
             directory,
@@ -552,6 +557,8 @@ class _Training:
         return stopping
 
     def _epoch_checkpoint(self, directory: Path, epoch: int) -> None:
+        if not self.writes_checkpoints:
+            return
         t_ck = time.monotonic()
         name = f"epoch-{epoch:06d}.json"
         meta = self._checkpoint_meta(name, self.out.trace[-1].fingerprint)
@@ -589,7 +596,12 @@ class _Training:
         out, job = self.out, self.job
         # Data fingerprints: as consumed, else regenerated from one pipeline after training.
         t_data = time.monotonic()
-        out.data_fingerprints = self.consumed if self.in_loop_data else self._data_fingerprints()
+        if not self.writes_checkpoints:
+            out.data_fingerprints = []  # rank 0's result is the run's
+        elif self.in_loop_data:
+            out.data_fingerprints = self.consumed
+        else:
+            out.data_fingerprints = self._data_fingerprints()
         if job.eval_data is not None:
             out.eval_data_fingerprint = self.eval_digest or job.eval_data.data_fingerprint()
         self.timings["data_fingerprints"] = time.monotonic() - t_data
