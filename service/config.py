@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     progress_seconds: float = Field(default=5.0, gt=0)
     max_attempts: int = Field(default=5, ge=1)
+    # How long a multi-host run's gang may take to complete once its first worker joined;
+    # then its members are let go (they claim other work) and it waits for enough idle ones.
+    gang_form_seconds: float = Field(default=120.0, gt=0)
     # For this long after an API process starts it requeues no run whose lease lapsed: the
     # workers that kept training while the API was away get time to renew. None: twice the
     # lease.

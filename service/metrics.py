@@ -25,7 +25,15 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
-from service.persistence.models import TERMINAL_STATUSES, Run, SpotCheck, Verdict, Worker, utcnow
+from service.persistence.models import (
+    TERMINAL_STATUSES,
+    GangMember,
+    Run,
+    SpotCheck,
+    Verdict,
+    Worker,
+    utcnow,
+)
 from service.verification.spot_check_reports import OUTCOMES as SPOT_CHECK_OUTCOMES
 
 # Process-wide: registered into each app's registry (an app is made once per process,
@@ -154,7 +162,7 @@ def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> I
                 Run.replicas,
                 Run.needs_code,
                 Run.required_hardware,
-                func.count(Run.id),
+                func.sum(Run.hosts),  # a multi-host run needs that many workers at once
             )
             .where(Run.status == "queued")
             .group_by(Run.required_image, Run.replicas, Run.needs_code, Run.required_hardware)
@@ -166,6 +174,11 @@ def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> I
                 .group_by(Run.worker_id)
             ).all()
         )
+        # A gang's other members are busy too (rank 0 holds the run).
+        for worker_id in db.scalars(
+            select(GangMember.worker_id).where(GangMember.rank > 0, GangMember.done_at.is_(None))
+        ):
+            per_worker[worker_id] = per_worker.get(worker_id, 0) + 1
         # JSON columns cannot be grouped by on PostgreSQL: the holders are read on their own.
         held_rows = [
             (images, devices, pool, per_worker[worker_id])
@@ -188,9 +201,10 @@ def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> I
     limit = settings.metrics_max_image_labels
     queued_family = GaugeMetricFamily(
         "reprotrain_queued_runs",
-        "Queued runs by the image they are pinned to (empty: any), the devices (replicas) "
-        "they need, whether they run a code bundle and the hardware class they require "
-        "(empty: any; a class matches a requirement it begins with)",
+        "Workers queued runs need (one a run, a multi-host run's hosts), by the image they "
+        "are pinned to (empty: any), the devices (replicas) they need, whether they run a "
+        "code bundle and the hardware class they require (empty: any; a class matches a "
+        "requirement it begins with)",
         labels=["image", "replicas", "code", "hardware"],
     )
     for labels, count in sorted(_capped(queued, limit).items()):
@@ -198,8 +212,9 @@ def claimable_families(*, maker: sessionmaker[Session], settings: Settings) -> I
     yield queued_family
     held_family = GaugeMetricFamily(
         "reprotrain_held_runs",
-        "Running runs by each image their worker advertises, the devices it offers and its "
-        "pool (REPRO_WORKER_POOL; empty: none)",
+        "Busy workers (holding a run, or a member of a multi-host run's gang) by each image "
+        "they advertise, the devices they offer and their pool (REPRO_WORKER_POOL; empty: "
+        "none)",
         labels=["image", "devices", "pool"],
     )
     for labels, count in sorted(_capped(held, limit).items()):

@@ -242,3 +242,31 @@ class ClaimOut(BaseModel):
     # How the job records its environment: `key` (digests of values outside the numerics
     # list) and `numeric_env_vars` (the operator's additions to that list).
     provenance: dict[str, Any] = Field(default_factory=dict)
+
+
+# host:port, or [IPv6]:port: where a member's job listens for the others' collectives.
+GANG_ADDRESS = r"^(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$"
+
+
+class GangJoinIn(StrictInput):
+    """A worker's try to be in a gang: where its job will listen for the others."""
+
+    address: str = Field(
+        min_length=3,
+        max_length=300,
+        pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}$",
+    )
+
+
+class GangOut(BaseModel):
+    """`none`: no gang for this worker now (claim other work). `forming`: it is in the gang
+    of run `run_id`, `joined` of `hosts` so far; ask again. `formed`: the run is its to
+    train as `rank`, with the others at `cluster` (by rank) and the run's claim."""
+
+    state: Literal["none", "forming", "formed"]
+    run_id: int | None = None
+    hosts: int = 0
+    joined: int = 0
+    rank: int | None = None
+    cluster: list[str] = Field(default_factory=list)
+    claim: ClaimOut | None = None

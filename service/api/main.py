@@ -18,6 +18,7 @@ from service.api.routes import (
     datasets,
     experiments,
     fleet,
+    gangs,
     metrics,
     model_definitions,
     run_artifacts,
@@ -35,6 +36,7 @@ api_router = APIRouter(prefix="/api/v1", responses=errors(401, 403, 429, 503))
 api_router.include_router(experiments.router)
 api_router.include_router(runs.router)
 api_router.include_router(workers.router)
+api_router.include_router(gangs.router)
 api_router.include_router(artifact_uploads.router)
 api_router.include_router(fleet.router)
 api_router.include_router(admin.router)

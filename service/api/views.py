@@ -157,6 +157,7 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
             settings=settings,
             needs_code=(row.spec or {}).get("code") is not None,
             required_hardware=row.required_hardware,
+            hosts=int(((row.spec or {}).get("distribution") or {}).get("hosts", 1)),
         )
         if row.status == "queued"
         else None

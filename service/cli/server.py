@@ -90,6 +90,16 @@ AllowTagOption = Annotated[
     bool,
     typer.Option(help="docker: also run runs that pin an image by tag, without a digest"),
 ]
+GangAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--gang-address",
+        envvar="REPRO_WORKER_GANG_ADDRESS",
+        help="join multi-host runs (distribution.hosts > 1): the address of this node that "
+        "the other members' jobs reach it at (an IP or name, no port: each run gets a free "
+        "port); process executor only (containers run without a network)",
+    ),
+]
 CpuReplicasOption = Annotated[
     int | None,
     typer.Option(
@@ -458,9 +468,16 @@ def worker(
     readiness_checks: ReadinessChecksOption = True,
     enroll: EnrollOption = False,
     warm_start: WarmStartOption = True,
+    gang_address: GangAddressOption = None,
 ) -> None:
     """Run a worker agent: claim runs, train each in a fresh process or container, report."""
     _configure_logging()
+    if gang_address is not None and executor is not WorkerExecutor.process:
+        raise typer.BadParameter(
+            "a job in a container has no network to reach the other members: use the "
+            "process executor",
+            param_hint="--gang-address",
+        )
     token = _worker_token(ctx, token, token_file)
     executor_options, images = _executor_setup(
         executor=executor,
@@ -489,6 +506,7 @@ def worker(
         images=images,
         cpu_replicas=cpu_replicas,
         readiness_checks=readiness_checks,
+        gang_host=gang_address,
     )
 
 

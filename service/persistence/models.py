@@ -135,6 +135,8 @@ class Worker(Base):
     readiness_flags: Mapped[list[Any] | None]
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When it last asked to join a gang (it can, and was idle then); None: it never did.
+    gang_seen_at: Mapped[datetime | None]
 
 
 class Run(Base):
@@ -189,6 +191,10 @@ class Run(Base):
     reported_by: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # The spec's distribution.replicas, copied at submit: a claim compares it with devices.
     replicas: Mapped[int] = mapped_column(default=1, server_default="1")
+    # Workers that train it together (`distribution.hosts`): more than one is a gang's run.
+    hosts: Mapped[int] = mapped_column(default=1, server_default="1")
+    # The gang of its latest attempt, by rank (`gangs.record`): the provenance of every member.
+    gang: Mapped[list[Any] | None] = mapped_column(JSON)
     # The global step of the checkpoint the finishing attempt resumed from (None: from scratch).
     resumed_from_step: Mapped[int | None]
     # The spec names a code bundle: only a worker that accepts code may claim the run.
@@ -227,6 +233,29 @@ class Run(Base):
     verdict_record: Mapped[Verdict | None] = relationship(
         back_populates="run", foreign_keys="Verdict.run_id", uselist=False
     )
+
+
+class GangMember(Base):
+    """A worker in the gang of a multi-host run's attempt: it joins while the run waits for
+    enough workers (no rank yet) and is ranked when the gang is complete and the run starts.
+    A worker is in one gang at most."""
+
+    __tablename__ = "gang_members"
+    __table_args__ = (UniqueConstraint("worker_id", name="uq_gang_members_worker_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("runs.id", name="fk_gang_members_run_id"), index=True
+    )
+    attempt: Mapped[int]  # the attempt the gang trains
+    worker_id: Mapped[int] = mapped_column(
+        ForeignKey("workers.id", name="fk_gang_members_worker_id")
+    )
+    address: Mapped[str] = mapped_column(String(300))  # host:port the others reach it at
+    rank: Mapped[int | None]
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    done_at: Mapped[datetime | None]  # its job ended well: no longer heartbeating
 
 
 class ExperimentParam(Base):

@@ -252,13 +252,6 @@ def _require_stored_inputs(db: Session, spec: AnySpec, settings: Settings) -> No
     if isinstance(spec, ScriptExperimentSpec):
         check_script(db, spec, settings)
         return
-    if spec.distribution.hosts > 1:
-        msg = (
-            f"distribution.hosts is {spec.distribution.hosts}: this server runs every job on "
-            "one worker and does not yet gather several into one run; a multi-host job runs "
-            "with python -m worker.run on each host, each given the cluster in TF_CONFIG"
-        )
-        raise InvalidSpec(msg, errors=[{"loc": "distribution.hosts", "msg": msg}])
     datasets.require_held(db, spec.dataset.data)
     datasets.require_fit(db, spec)
     code_bundles.require_held(db, spec.code, settings)
@@ -272,6 +265,7 @@ def _queued_run(experiment: Experiment, spec: AnySpec, **columns: int | None) ->
         required_image=spec.environment.image,
         required_hardware=spec.environment.hardware,
         replicas=1 if isinstance(spec, ScriptExperimentSpec) else spec.distribution.replicas,
+        hosts=1 if isinstance(spec, ScriptExperimentSpec) else spec.distribution.hosts,
         needs_code=spec.code is not None,
         **columns,
     )
@@ -377,6 +371,7 @@ def rerun(
         required_hardware=needs,
         hardware_override=hardware if hardware is not None and hardware != pinned else None,
         replicas=original.replicas,
+        hosts=original.hosts,
         needs_code=code is not None,
         submitter_id=actor.token_id if actor is not None else None,
         priority=priority,

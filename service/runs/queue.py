@@ -9,7 +9,19 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, and_, delete, exists, func, literal, or_, select, true, update
+from sqlalchemy import (
+    CursorResult,
+    and_,
+    case,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.orm import Session, aliased
 
 from service import metrics
@@ -25,7 +37,7 @@ from service.persistence.models import (
     Worker,
     utcnow,
 )
-from service.runs import fair_share, final_metrics, logs, resume_points
+from service.runs import fair_share, final_metrics, gangs, logs, resume_points
 from service.runs import wakeups as bell
 from service.runs.experiments import reported_image
 from service.verification import replay_identity, verdicts
@@ -62,6 +74,15 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
     given up for it. A run that fails keeps its checkpoints (retention removes them once it
     is archived)."""
     now = utcnow()
+    gangs.let_go(db, settings, now)
+    lost = gangs.lost(db, settings, now)
+    if lost:  # a member stopped: the attempt is over for the whole gang
+        db.execute(
+            update(Run)
+            .where(Run.id.in_(lost))
+            .values(lease_expires_at=now - timedelta(microseconds=1))
+            .execution_options(synchronize_session=False)
+        )
     expired = and_(Run.status == "running", Run.lease_expires_at < now)
     progressed = (
         select(func.count(func.distinct(Artifact.attempt)))
@@ -91,7 +112,11 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
         # The holder may still be training (the API or its network was away): until another
         # worker claims the run, its next heartbeat or report takes the run back.
         .values(
-            status="queued", lapsed_holder_id=Run.worker_id, worker_id=None, lease_expires_at=None
+            status="queued",
+            # A gang's holder cannot train on alone: its run waits for a new gang.
+            lapsed_holder_id=case((Run.hosts == 1, Run.worker_id), else_=None),
+            worker_id=None,
+            lease_expires_at=None,
         )
         .execution_options(synchronize_session=False)
     )
@@ -122,6 +147,7 @@ def waiting_reason(
     settings: Settings,
     needs_code: bool = False,
     required_hardware: str | None = None,
+    hosts: int = 1,
 ) -> str | None:
     """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
     none offers as many devices as it asks replicas, or it has a code bundle and no live
@@ -134,6 +160,8 @@ def waiting_reason(
         )
     ).all()
     reasons = []
+    if hosts > 1:
+        reasons.extend(_gang_reason(db, settings, hosts, live_since))
     if needs_code and not settings.allow_code_bundles:
         reasons.append(
             "it runs a code bundle and code bundles are turned off on this server "
@@ -193,6 +221,23 @@ def waiting_reason(
     return "; ".join(reasons) or None
 
 
+def _gang_reason(db: Session, settings: Settings, hosts: int, live_since: datetime) -> list[str]:
+    """Why a multi-host run has no gang yet: too few live workers that join gangs."""
+    joining = db.scalar(
+        select(func.count())
+        .select_from(Worker)
+        .where(Worker.last_seen_at >= live_since, Worker.gang_seen_at >= live_since)
+    )
+    if (joining or 0) >= hosts:
+        return []
+    return [
+        f"it trains on {hosts} workers at once and {joining or 0} live worker(s) can join a "
+        "gang (repro worker --gang-address): it stays queued, holding no worker, until "
+        f"{hosts} idle ones that fit it are live (a gang that does not complete within "
+        f"{settings.gang_form_seconds:g} s lets its members go)"
+    ]
+
+
 def _hardware_fits(candidate: type[Run], hardware_class: str | None) -> Any:
     """A run requiring no class, or one this worker's class is or begins with (a class and
     a requirement are ':'-joined segments without '%' or '_': `LIKE` matches literally)."""
@@ -234,6 +279,7 @@ def claim(*, db: Session, settings: Settings, worker_id: int, requeue: bool = Tr
         # request allowed it), however long it waits.
         replay_identity.may_claim(candidate, worker),
         candidate.replicas <= worker.devices,
+        candidate.hosts == 1,  # a multi-host run goes to a gang (`gangs.join`)
         # A code bundle runs only where the worker said it accepts code, and only while the
         # operator allows bundles: turning them off holds back runs queued before.
         true()
@@ -342,6 +388,13 @@ def heartbeat(
         db.rollback()
         if principal is not None:
             check_worker(db, worker_id, principal)
+        gang_run = db.get(Run, run_id, populate_existing=True)
+        member = None if gang_run is None else gangs.formed_member(db, gang_run, worker_id, attempt)
+        if member is not None and gang_run is not None and gang_run.worker_id != worker_id:
+            # Another member than rank 0: it keeps its place; the run's progress is rank 0's.
+            member.seen_at = now
+            db.commit()
+            return gang_run.lease_expires_at or expires
         run = held_run(db, run_id, worker_id, attempt=attempt)
         run.lease_expires_at, run.heartbeat_at = expires, now
         if progress is not None:
@@ -370,12 +423,19 @@ def heartbeat(
 def release(
     *, db: Session, run_id: int, worker_id: int, reason: str, attempt: int | None = None
 ) -> Run:
-    """Give the run back to the queue (a worker shutting down); not counted as a failure."""
-    run = held_run(db, run_id, worker_id, attempt=attempt)
+    """Give the run back to the queue (a worker shutting down); not counted as a failure.
+    Any member of a gang may: its attempt is over for all of them."""
+    run = db.get(Run, run_id, populate_existing=True)
+    member = None if run is None else gangs.formed_member(db, run, worker_id, attempt)
+    if member is None or run is None or run.worker_id == worker_id:
+        run = held_run(db, run_id, worker_id, attempt=attempt)
+    if run.hosts > 1:
+        gangs.end_attempt(db, run)
     run.status = "queued"
     run.worker_id = None
     run.lease_expires_at = None
-    run.attempt = max(run.attempt - 1, 0)
+    if run.hosts == 1:  # a gang's next attempt is another gang: its members' reports must
+        run.attempt = max(run.attempt - 1, 0)  # name an attempt no earlier gang had
     run.progress = {"event": "released", "reason": reason}
     db.commit()
     return run
@@ -459,6 +519,9 @@ def complete(
     run.final_fingerprint = result.final_fingerprint if error is None else None
     run.error = error or (result.error.model_dump() if result.error else None)
     take_result(db, run, result, max_sortable_metrics=max_sortable_metrics)
+    if run.hosts > 1:  # every member's worker, hardware and images, by rank
+        run.provenance = {**(run.provenance or {}), "gang": run.gang or []}
+        gangs.end_attempt(db, run)
     if run.status == "succeeded" and run.kind == "train":
         verdicts.update_family(
             db=db, family_id=run.family_id or run.id, max_checkpoint_bytes=max_checkpoint_bytes
@@ -526,6 +589,8 @@ def fail(
     run.finished_at = utcnow()
     run.lease_expires_at = None
     run.error = error
+    if run.hosts > 1:
+        gangs.end_attempt(db, run)
     db.commit()
     resume_points.prune_step_checkpoints(db, run, keep_newest=False)  # it resumes no more
     return run
@@ -539,6 +604,8 @@ def may_read_artifact(db: Session, artifact: Artifact, principal: Principal) -> 
         .join(Worker, Worker.id == Run.worker_id)
         .where(Run.status == "running", Worker.token_id == principal.token_id)
     ).all()
+    if gangs.member_of(db, artifact.run_id, principal.token_id):
+        return True  # a gang member resumes from rank 0's checkpoint too
     return any(
         run.id == artifact.run_id
         or (run.job_options or {}).get("resume_from_run") == artifact.run_id

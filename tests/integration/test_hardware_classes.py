@@ -139,16 +139,3 @@ def test_a_spec_naming_no_hardware_class_is_refused_with_the_form_of_one(
     answer = service.client.post("/api/v1/experiments", json=body)
     assert answer.status_code == 422, answer.text
     assert "environment.hardware" in answer.text
-
-
-def test_a_multi_host_spec_is_refused_since_no_worker_could_take_it_alone(
-    service: Service,
-) -> None:
-    body = yaml.safe_load(SEED001)
-    body["dataset"]["shards"] = 2
-    body["distribution"] = {"hosts": 2}
-    answer = service.client.post("/api/v1/experiments", json=body)
-    assert answer.status_code == 422, answer.text
-    [error] = answer.json()["errors"]
-    assert error["loc"] == "distribution.hosts" and "TF_CONFIG" in error["msg"]
-    assert service.client.get("/api/v1/runs").json()["items"] == []  # nothing queued

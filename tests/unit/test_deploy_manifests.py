@@ -395,7 +395,12 @@ def test_network_policies_open_only_what_each_pod_needs(overlay: tuple[str, str]
     objects = _objects(overlay[1])
     deny = _one(objects, "NetworkPolicy", "reprotrain-default-deny")["spec"]
     assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
-    assert _one(objects, "NetworkPolicy", "reprotrain-workers")["spec"]["ingress"] == []
+    # Workers are reached only by workers: a gang's jobs, on unprivileged ports.
+    gang_ports = [{"protocol": "TCP", "port": 1024, "endPort": 65535}]
+    workers = {"podSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}}}
+    assert _one(objects, "NetworkPolicy", "reprotrain-workers")["spec"]["ingress"] == [
+        {"from": [workers], "ports": gang_ports}
+    ]
     dns = {
         "to": [
             {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
@@ -428,7 +433,12 @@ def test_network_policies_open_only_what_each_pod_needs(overlay: tuple[str, str]
         "Deployment/reprotrain-api": [dns, database, store],
         "Job/reprotrain-migrate": [dns, database],
         # Workers, and the jobs they run: the API and, by presigned URL, the store.
-        f"StatefulSet/reprotrain-worker-{name}": [dns, to_api, store],
+        f"StatefulSet/reprotrain-worker-{name}": [
+            dns,
+            to_api,
+            store,
+            {"to": [workers], "ports": gang_ports},  # the other members of its gangs
+        ],
     }
 
     def canonical(rules: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ from worker.node.adoption import AdoptingExecutor, NotAdoptable, OrphanedJob, ad
 from worker.node.client import ApiClient, ApiError, ApiUnreachable, Id
 from worker.node.enrollment import worker_credential
 from worker.node.executors import Executor, make_executor
+from worker.node.gang import gang_claim
 from worker.node.job import ClaimedRun, Job
 from worker.node.liveness import mark_alive
 from worker.node.readiness_probe import agent_flags
@@ -53,14 +54,19 @@ class Agent:
         max_jobs: int | None = None,
         cpu_replicas: int | None = None,
         readiness_checks: bool = True,
+        gang_host: str | None = None,
     ) -> None:
         self.client = client
+        # Where this worker's jobs listen for a gang's collectives; None: it joins no gang.
+        self.gang_host = gang_host
         self.readiness_checks = readiness_checks
         self.name = name
         self.work_dir = Path(work_dir)
         self.executor = executor or make_executor("process")
         self.poll_interval = poll_interval
-        self.claim_wait = claim_wait
+        # A worker that joins gangs asks for work without long polls: between two tries it
+        # would not be seen as ready for a gang.
+        self.claim_wait = 0.0 if gang_host is not None else claim_wait
         self.images = list(images)
         self.max_jobs = max_jobs
         # Logical CPU devices a job may split the CPU into when the node has no GPU.
@@ -133,7 +139,9 @@ class Agent:
             # While idle, the next job's interpreter starts (process executor, warm starts).
             self._executor_call("prepare")
             asked = time.monotonic()
-            claim = self._claim()
+            claim = self._join_gang() if self.gang_host is not None else None
+            if claim is None:
+                claim = self._claim()
             if claim is None:
                 # A server that held the claim has waited already; one that answered at
                 # once (no long polls, or an error) is asked again after the poll interval.
@@ -235,9 +243,24 @@ class Agent:
             return True
         return False
 
-    def _claim(self) -> dict[str, Any] | None:
+    def _join_gang(self) -> dict[str, Any] | None:
+        assert self.gang_host is not None
+        return self._claim(
+            lambda: gang_claim(
+                self.client,
+                self._wid,
+                host=self.gang_host or "",
+                stop=self._stop,
+                poll_interval=self.poll_interval,
+                waiting=lambda: mark_alive(self.work_dir),
+            )
+        )
+
+    def _claim(
+        self, ask: Callable[[], dict[str, Any] | None] | None = None
+    ) -> dict[str, Any] | None:
         try:
-            claim = self._ask_for_run()
+            claim = (ask or self._ask_for_run)()
             self._claim_delay = self.poll_interval
             return claim
         except ApiError as exc:
@@ -376,6 +399,7 @@ def run_agent(
     cpu_replicas: int | None = None,
     readiness_checks: bool = True,
     enroll: bool = False,
+    gang_host: str | None = None,
 ) -> None:
     """Run a worker agent against the API at `api` until it is stopped.
 
@@ -408,6 +432,7 @@ def run_agent(
             max_jobs=max_jobs,
             cpu_replicas=cpu_replicas,
             readiness_checks=readiness_checks,
+            gang_host=gang_host,
         )
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):

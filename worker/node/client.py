@@ -251,6 +251,21 @@ class ApiClient(Transport):
             response = self._call("POST", path, params={"wait": wait}, timeout=timeout)
         return None if response.status_code == 204 else as_dict(response)
 
+    def join_gang(self, worker_id: Id, address: str) -> dict[str, Any]:
+        """One try to be in a multi-host run's gang, reachable at `address`: {"state": "none"
+        | "forming" | "formed", ...}; `formed` brings the run's claim."""
+        response = self._call("POST", f"{API}/workers/{worker_id}/gang", json={"address": address})
+        return as_dict(response)
+
+    def gang_done(self, run_id: Id, worker_id: Id, *, attempt: int | None = None) -> None:
+        """Say this gang member's job ended well (it heartbeats no more)."""
+        self._call(
+            "POST",
+            f"{API}/runs/{run_id}/gang/done",
+            idempotent=True,
+            json=_holder(worker_id, attempt),
+        )
+
     def heartbeat(
         self,
         run_id: Id,

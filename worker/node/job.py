@@ -44,6 +44,7 @@ from worker.node.reports import Outbox, Report, ReportKind
 from worker.node.run_inputs import InputUnavailable, fetch_inputs
 from worker.record.environment_capture import claim_environment
 from worker.result import JobResult
+from worker.training.cluster import gang_environment
 from worker.training.progress import parse_line
 
 log = logging.getLogger("reprotrain.agent")
@@ -123,6 +124,9 @@ class ClaimedRun:
         self.run_id: Id = claim["run"]["id"]
         # Every report about the run names the attempt: one that is over is refused.
         self.attempt = int(claim["run"].get("attempt", 1))
+        # A member of a multi-host run's gang: {"rank", "cluster"} (rank 0 reports the run).
+        self.gang: dict[str, Any] | None = claim.get("gang")
+        self.rank = int(self.gang["rank"]) if self.gang else 0
 
     def report(self, kind: ReportKind, **body: Any) -> Report:
         """A final report about this run from this worker."""
@@ -169,14 +173,20 @@ class ClaimedRun:
             until_epoch=options.get("until_epoch"),
             until_step=options.get("until_step"),
             image=run.get("image"),
-            environment=claim_environment(self.claim.get("provenance") or {}),
+            environment={
+                **claim_environment(self.claim.get("provenance") or {}),
+                **gang_environment(self.gang),
+            },
             dataset_file=dataset_file,
             code_file=code_file,
             model_file=model_file,
             max_activation_elements=(self.claim.get("limits") or {}).get("max_activation_elements"),
-            # A re-trace or replay of part of a run ends mid-run: no model to take away.
+            # A re-trace or replay of part of a run ends mid-run: no model to take away; and
+            # of a gang, rank 0's is the run's.
             export_model=None
-            if options.get("until_epoch") is not None or options.get("until_step") is not None
+            if options.get("until_epoch") is not None
+            or options.get("until_step") is not None
+            or self.rank > 0
             else attempt_dir / MODEL_FILE,
         )
         record = JobRecord(
@@ -500,6 +510,8 @@ class ClaimedRun:
             if job.handle.failure_reason:
                 how += f" ({job.handle.failure_reason})"
             log.info("run %s crashed: %s, no result document", self.run_id, how)
+            if self.gang is not None:  # a lost member: the run waits for a new gang
+                return self.report("release", reason=f"gang member {self.rank} ended: {how}")
             return self.report(
                 "fail",
                 error={
@@ -510,6 +522,10 @@ class ClaimedRun:
                 },
             )
         log.info("run %s %s after %.1f s", self.run_id, result.status, seconds)
+        if self.gang is not None:
+            ended = self._gang_report(result)
+            if ended is not None or self.rank > 0:
+                return ended
         try:
             uploads = self._keep_waiting(workspace)
             if result.status == "interrupted":  # its checkpoints are where the next resumes
@@ -521,6 +537,26 @@ class ClaimedRun:
             self._refuse(job, str(exc))
             return self.report("fail", error={"type": "UnsafeJobFile", "message": str(exc)})
         return self.report("complete", result=result.model_dump(mode="json"), uploads=uploads)
+
+    def _gang_report(self, result: JobResult) -> Report | None:
+        """What a gang member reports of its job's end: a lost member is no failure of the
+        run (it waits for a new gang, which resumes from rank 0's checkpoint); of the rest
+        rank 0 reports as any holder (None here), and another member only says it is done."""
+        error = result.error
+        if result.status == "failed" and error is not None and error.type == "ClusterError":
+            return self.report("release", reason=f"the gang lost a member: {error.message}")
+        if self.rank == 0:
+            return None
+        if result.status == "succeeded":
+            try:
+                self.client.gang_done(self.run_id, self.worker_id, attempt=self.attempt)
+            except ApiError as exc:  # the run ended meanwhile: nothing more to say
+                log.info("run %s: member end not taken (%s)", self.run_id, exc)
+            return None
+        if result.status == "interrupted":
+            return self.report("release", reason="a gang member was stopped")
+        message = error.message if error is not None else "no error recorded"
+        return self.report("release", reason=f"gang member {self.rank} failed: {message}")
 
     def _result_too_large(
         self, workspace: JobWorkspace, request: JobRequest, exc: FileTooLarge

@@ -70,6 +70,17 @@ def this_host(hosts: int, environ: Mapping[str, str] | None = None) -> Host:
     return Host(hosts, index, tuple(workers))
 
 
+def gang_environment(gang: Mapping[str, object] | None) -> dict[str, str]:
+    """The `TF_CONFIG` of a gang member's job (`{"rank", "cluster"}` from its claim)."""
+    if not gang:
+        return {}
+    config = {
+        "cluster": {"worker": list(gang["cluster"])},  # type: ignore[call-overload]
+        "task": {"type": "worker", "index": gang["rank"]},
+    }
+    return {ENV: json.dumps(config)}
+
+
 def own_shards(shards: int, host: Host) -> tuple[int, int] | None:
     """The [first, end) dataset shards of each batch that `host` generates; None for all."""
     if host.hosts == 1:

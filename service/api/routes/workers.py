@@ -151,7 +151,7 @@ MAX_CLAIM_WAIT = 30.0  # seconds a claim may wait on the server for a run
 _RECHECK_SECONDS = 1.0  # waiting claims look at the queue this often even if nothing rang
 
 
-def _claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
+def claim_out(db: Session, run: Run, settings: Settings) -> ClaimOut:
     checkpoint = resume_points.resume_point(db, run)
     options = run.job_options or {}
     assert run.lease_expires_at is not None
@@ -198,7 +198,7 @@ def _claim_once(
         queue.check_worker(db, worker_id, principal)
         requeue = time.monotonic() >= request.app.state.requeue_from
         run = queue.claim(db=db, settings=settings, worker_id=worker_id, requeue=requeue)
-        return None if run is None else _claim_out(db, run, settings)
+        return None if run is None else claim_out(db, run, settings)
 
 
 @router.post(
