@@ -23,7 +23,7 @@ from sqlalchemy import CursorResult, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.persistence.models import GangMember, Run, Worker, utcnow
+from service.persistence.models import TERMINAL_STATUSES, GangMember, Run, Worker, utcnow
 from service.runs import wakeups as bell
 from worker.record import hardware
 
@@ -92,12 +92,18 @@ def let_go(db: Session, settings: Settings, now: datetime) -> None:
                     ~exists().where(Run.id == GangMember.run_id, Run.status == "queued")
                     | (GangMember.seen_at < stale)
                 ),
-                # Formed, for an attempt that is over.
+                # Formed, for an attempt that is over: the run ended, was requeued after it
+                # or started a later one. (Said so, not as "no longer running this
+                # attempt", which a statement that waited on the gang's forming would judge
+                # from before it, on PostgreSQL, and so let a fresh gang go.)
                 (GangMember.rank.is_not(None))
-                & ~exists().where(
+                & exists().where(
                     Run.id == GangMember.run_id,
-                    Run.status == "running",
-                    Run.attempt == GangMember.attempt,
+                    or_(
+                        Run.status.in_(TERMINAL_STATUSES),
+                        Run.attempt > GangMember.attempt,
+                        (Run.status == "queued") & (Run.attempt >= GangMember.attempt),
+                    ),
                 ),
             )
         )

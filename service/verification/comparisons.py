@@ -353,6 +353,11 @@ def create_refinement(
         code_bundles.check_queueing_allowed(
             settings, needs_code=run.needs_code, what=f"re-tracing run {run.id}"
         )
+    if a.hosts > 1 or b.hosts > 1:
+        raise Conflict(
+            "a run trained on several hosts is not refined: a re-trace runs on the one worker "
+            "that trained it; compare the runs' traces instead"
+        )
     report = compare_ids(db, a.id, b.id)
     if report["verdict"] != "diverged":
         raise Conflict(f"runs {a.id} and {b.id} are {report['verdict']}; only diverged runs refine")

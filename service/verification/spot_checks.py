@@ -97,6 +97,11 @@ def request_spot_check(
     run = get_run(db, run_id)
     if run.kind != "train" or run.status != "succeeded":
         raise Conflict(f"run {run.id} is a {run.status} {run.kind}: only succeeded trainings")
+    if run.hosts > 1:
+        raise Conflict(
+            f"run {run.id} trained on {run.hosts} hosts: a replay would need a gang, and "
+            "spot checks replay on one worker; rerun it instead (its verdict is bitwise)"
+        )
     if not 1 <= segments <= settings.max_spot_check_segments:
         raise InvalidQuery(
             f"segments must be 1..{settings.max_spot_check_segments} "
