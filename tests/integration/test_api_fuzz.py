@@ -202,8 +202,9 @@ def test_worker_gets_no_server_errors_and_only_documented_answers(
     subtests: pytest.Subtests, worker_schema: schemathesis.BaseSchema
 ) -> None:
     operations = [op for op in _operations(worker_schema) if WORKER_TAG in op[2]["tags"]]
-    # register, enroll, claim, 5 reports, download, and a presigned upload's ticket and report
-    assert len(operations) == 11, operations
+    # register, enroll, claim, 5 reports, download, a presigned upload's ticket and report,
+    # and a gang's join and a member's end
+    assert len(operations) == 13, operations
     # Reports that end a claimed run last, so heartbeats and uploads find runs still held.
     operations.sort(key=lambda op: op[1].endswith(("/complete", "/fail", "/release")))
     _fuzz(subtests, worker_schema, operations, "worker", spare=[])

@@ -139,3 +139,18 @@ def test_a_spec_naming_no_hardware_class_is_refused_with_the_form_of_one(
     answer = service.client.post("/api/v1/experiments", json=body)
     assert answer.status_code == 422, answer.text
     assert "environment.hardware" in answer.text
+
+
+def test_a_multi_host_run_counts_its_hosts_for_the_scaler_and_says_why_it_waits(
+    service: Service,
+) -> None:
+    body = yaml.safe_load(SEED001)
+    body["dataset"]["shards"] = 2
+    body["distribution"] = {"hosts": 2}
+    created = service.client.post("/api/v1/experiments", json=body)
+    assert created.status_code == 201, created.text
+    run = _run(service, int(created.json()["run"]["id"]))
+    assert run["status"] == "queued"
+    said = "trains on 2 workers at once and 0 live worker(s) can join a gang"
+    assert said in run["waiting_reason"]
+    assert _queued_by_hardware(service) == {"": 2.0}  # two workers' worth of demand

@@ -16,7 +16,9 @@ from service.worker_schemas import GangJoinIn, GangOut, WorkerReport
 router = APIRouter(tags=["workers"], route_class=JsonRoute)
 
 
-@router.post("/workers/{worker_id}/gang", response_model=GangOut, responses=errors(404, 422))
+@router.post(
+    "/workers/{worker_id}/gang", response_model=GangOut, responses=errors(400, 404, 413, 422)
+)
 def join_gang(
     worker_id: IdPath,
     body: GangJoinIn,
@@ -47,7 +49,7 @@ def join_gang(
 @router.post(
     "/runs/{run_id}/gang/done",
     status_code=204,
-    responses=errors(404, 409, 422),
+    responses=errors(400, 404, 409, 413, 422),
 )
 def member_done(
     run_id: IdPath, body: WorkerReport, db: SessionDep, principal: WorkAccess
