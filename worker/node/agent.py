@@ -145,7 +145,7 @@ class Agent:
             if claim is None:
                 # A server that held the claim has waited already; one that answered at
                 # once (no long polls, or an error) is asked again after the poll interval.
-                if time.monotonic() - asked < self.claim_wait / 2:
+                if self.claim_wait <= 0 or time.monotonic() - asked < self.claim_wait / 2:
                     self._stop.wait(self.poll_interval)
                 continue
             self._process(claim)
