@@ -158,6 +158,8 @@ def run_detail(db: Session, run_id: int, *, settings: Settings) -> RunDetail | N
             needs_code=(row.spec or {}).get("code") is not None,
             required_hardware=row.required_hardware,
             hosts=int(((row.spec or {}).get("distribution") or {}).get("hosts", 1)),
+            run_id=row.id,
+            progress=row.progress,
         )
         if row.status == "queued"
         else None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, exists, or_, select, update
+from sqlalchemy import CursorResult, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.config import Settings
@@ -28,6 +28,7 @@ from service.runs import wakeups as bell
 from worker.record import hardware
 
 CANDIDATES = 20  # queued multi-host runs looked at per try, first in the queue's order
+LET_GO = "gang_let_go"  # a queued run's progress event: its last gang did not complete in time
 
 
 @dataclass
@@ -113,11 +114,25 @@ def let_go(db: Session, settings: Settings, now: datetime) -> None:
     slow = select(GangMember.run_id).where(
         GangMember.rank.is_(None), GangMember.joined_at < too_old
     )
+    joined = db.execute(
+        select(GangMember.run_id, func.count())
+        .where(GangMember.rank.is_(None), GangMember.run_id.in_(slow))
+        .group_by(GangMember.run_id)
+    ).all()
+    if not joined:
+        return
     db.execute(
         delete(GangMember)
-        .where(GangMember.rank.is_(None), GangMember.run_id.in_(slow))
+        .where(GangMember.rank.is_(None), GangMember.run_id.in_([r for r, _ in joined]))
         .execution_options(synchronize_session=False)
     )
+    for run_id, count in joined:  # the run's page says why its gang went
+        db.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status == "queued")
+            .values(progress={"event": LET_GO, "joined": count, "at": now.isoformat()})
+            .execution_options(synchronize_session=False)
+        )
 
 
 def join(db: Session, settings: Settings, worker: Worker, address: str) -> GangState:
@@ -225,6 +240,18 @@ def _state(db: Session, member: GangMember) -> GangState:
         joined=len(ranked),
         rank=member.rank,
         cluster=[m.address for m in ranked],
+    )
+
+
+def forming(db: Session, run_id: int) -> int:
+    """How many workers have joined `run_id`'s gang that is forming (0: none forms)."""
+    return int(
+        db.scalar(
+            select(func.count())
+            .select_from(GangMember)
+            .where(GangMember.run_id == run_id, GangMember.rank.is_(None))
+        )
+        or 0
     )
 
 

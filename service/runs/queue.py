@@ -148,6 +148,8 @@ def waiting_reason(
     needs_code: bool = False,
     required_hardware: str | None = None,
     hosts: int = 1,
+    run_id: int | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> str | None:
     """Why a queued run is not claimed: no live worker advertises the image it is pinned to,
     none offers as many devices as it asks replicas, or it has a code bundle and no live
@@ -161,7 +163,7 @@ def waiting_reason(
     ).all()
     reasons = []
     if hosts > 1:
-        reasons.extend(_gang_reason(db, settings, hosts, live_since))
+        reasons.extend(_gang_reason(db, settings, hosts, live_since, run_id, progress))
     if needs_code and not settings.allow_code_bundles:
         reasons.append(
             "it runs a code bundle and code bundles are turned off on this server "
@@ -221,21 +223,44 @@ def waiting_reason(
     return "; ".join(reasons) or None
 
 
-def _gang_reason(db: Session, settings: Settings, hosts: int, live_since: datetime) -> list[str]:
-    """Why a multi-host run has no gang yet: too few live workers that join gangs."""
+def _gang_reason(
+    db: Session,
+    settings: Settings,
+    hosts: int,
+    live_since: datetime,
+    run_id: int | None,
+    progress: dict[str, Any] | None,
+) -> list[str]:
+    """Why a multi-host run has no gang yet: one is forming, the last one did not complete
+    in time, or too few live workers join gangs."""
+    bound = f"{settings.gang_form_seconds:g} s"
+    reasons = []
+    joined = gangs.forming(db, run_id) if run_id is not None else 0
+    last = progress or {}
+    if joined:
+        reasons.append(
+            f"its gang is forming: {joined} of {hosts} workers have joined; it starts when "
+            f"the rest do, or lets them go {bound} after the first joined"
+        )
+    elif last.get("event") == gangs.LET_GO:
+        reasons.append(
+            f"its last gang did not complete: {last.get('joined')} of {hosts} workers "
+            f"joined and were let go after {bound} (at {last.get('at')}), for want of "
+            "idle workers that fit it; it forms again when enough are idle at once"
+        )
     joining = db.scalar(
         select(func.count())
         .select_from(Worker)
         .where(Worker.last_seen_at >= live_since, Worker.gang_seen_at >= live_since)
     )
-    if (joining or 0) >= hosts:
-        return []
-    return [
-        f"it trains on {hosts} workers at once and {joining or 0} live worker(s) can join a "
-        "gang (repro worker --gang-address): it stays queued, holding no worker, until "
-        f"{hosts} idle ones that fit it are live (a gang that does not complete within "
-        f"{settings.gang_form_seconds:g} s lets its members go)"
-    ]
+    if (joining or 0) < hosts:
+        reasons.append(
+            f"it trains on {hosts} workers at once and {joining or 0} live worker(s) can join "
+            "a gang (repro worker --gang-address): it stays queued, holding no worker, until "
+            f"{hosts} idle ones that fit it are live (a gang that does not complete within "
+            f"{bound} lets its members go)"
+        )
+    return reasons
 
 
 def _hardware_fits(candidate: type[Run], hardware_class: str | None) -> Any:
