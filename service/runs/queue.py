@@ -84,14 +84,9 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
             .execution_options(synchronize_session=False)
         )
     expired = and_(Run.status == "running", Run.lease_expires_at < now)
-    progressed = (
-        select(func.count(func.distinct(Artifact.attempt)))
-        .where(Artifact.run_id == Run.id, Artifact.kind == "checkpoint")
-        .scalar_subquery()
-    )
     db.execute(
         update(Run)
-        .where(expired, Run.attempt - progressed >= settings.max_attempts)
+        .where(expired, Run.attempt - _progressed() >= settings.max_attempts)
         .values(
             status="failed",
             worker_id=None,
@@ -124,6 +119,15 @@ def requeue_expired(*, db: Session, settings: Settings) -> None:
         bell.note_queued(db)
         metrics.LEASE_EXPIRIES.inc(cast(CursorResult[Any], requeued).rowcount)
     db.commit()
+
+
+def _progressed() -> Any:
+    """How many of a run's attempts uploaded a checkpoint (made progress), per `Run` row."""
+    return (
+        select(func.count(func.distinct(Artifact.attempt)))
+        .where(Artifact.run_id == Run.id, Artifact.kind == "checkpoint")
+        .scalar_subquery()
+    )
 
 
 def _spread(candidate: type[Run], worker: Worker, live_since: datetime) -> Any:
@@ -446,16 +450,35 @@ def heartbeat(
 
 
 def release(
-    *, db: Session, run_id: int, worker_id: int, reason: str, attempt: int | None = None
+    *,
+    db: Session,
+    settings: Settings,
+    run_id: int,
+    worker_id: int,
+    reason: str,
+    attempt: int | None = None,
 ) -> Run:
     """Give the run back to the queue (a worker shutting down); not counted as a failure.
-    Any member of a gang may: its attempt is over for all of them."""
+    Any member of a gang may: its attempt is over for all of them. A gang's attempts are
+    counted as lapsed ones are: after `max_attempts` that ended before a checkpoint (a
+    member that fails every time, say), the run fails instead of forming gangs forever."""
     run = db.get(Run, run_id, populate_existing=True)
     member = None if run is None else gangs.formed_member(db, run, worker_id, attempt)
     if member is None or run is None or run.worker_id == worker_id:
         run = held_run(db, run_id, worker_id, attempt=attempt)
     if run.hosts > 1:
         gangs.end_attempt(db, run)
+        progressed = db.scalar(select(_progressed()).where(Run.id == run.id)) or 0
+        if run.attempt - progressed >= settings.max_attempts:
+            error = {
+                "type": "GangFailed",
+                "message": f"gave up after {settings.max_attempts} gang attempts that ended "
+                f"before a checkpoint; the last: {reason or 'released'}",
+            }
+            run.status, run.finished_at, run.error = "failed", utcnow(), error
+            run.worker_id, run.lease_expires_at = None, None
+            db.commit()
+            return run
     run.status = "queued"
     run.worker_id = None
     run.lease_expires_at = None

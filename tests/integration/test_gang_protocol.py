@@ -17,7 +17,7 @@ import yaml
 from tests.integration.service_procs import Service
 from tests.integration.test_server_verification import SEED001
 
-LEASE = 3.0  # seconds; short, so lapses happen within the test
+LEASE = 8.0  # seconds: lapses happen within the test, slow requests of a loaded machine do not
 FORM = 2.0  # REPRO_GANG_FORM_SECONDS
 
 
@@ -28,6 +28,7 @@ def service(database_url: str | None, tmp_path: Path) -> Iterator[Service]:
         "REPRO_HEARTBEAT_SECONDS": "1",
         "REPRO_LEASE_GRACE_SECONDS": "0",
         "REPRO_GANG_FORM_SECONDS": f"{FORM:g}",
+        "REPRO_MAX_ATTEMPTS": "2",
     }
     svc = Service(tmp_path / "data", database_url=database_url, env=env, extra=("--no-demo",))
     try:
@@ -47,9 +48,7 @@ class GangWorker:
         self.address = f"127.0.0.1:{port}"
 
     def join(self) -> dict[str, Any]:
-        answer = self.http.post(
-            f"/api/v1/workers/{self.id}/gang", json={"address": self.address}
-        )
+        answer = self.http.post(f"/api/v1/workers/{self.id}/gang", json={"address": self.address})
         assert answer.status_code == 200, answer.text
         out: dict[str, Any] = answer.json()
         return out
@@ -62,6 +61,13 @@ class GangWorker:
     def heartbeat(self, run_id: int, attempt: int) -> int:
         body = {"worker_id": self.id, "attempt": attempt}
         return self.http.post(f"/api/v1/runs/{run_id}/heartbeat", json=body).status_code
+
+    def release(self, run_id: int, attempt: int, reason: str) -> dict[str, Any]:
+        body = {"worker_id": self.id, "attempt": attempt, "reason": reason}
+        answer = self.http.post(f"/api/v1/runs/{run_id}/release", json=body)
+        assert answer.status_code == 200, answer.text
+        out: dict[str, Any] = answer.json()
+        return out
 
     def done(self, run_id: int, attempt: int) -> int:
         body = {"worker_id": self.id, "attempt": attempt}
@@ -197,3 +203,24 @@ def test_a_member_that_stops_heartbeating_ends_the_attempt_for_all(
     assert gang[1]["worker"].heartbeat(run_id, attempt + 1) == 200
     assert gang[1]["worker"].done(run_id, attempt + 1) == 204
     assert _run(service, run_id)["worker_id"] == gang[0]["worker"].id
+
+
+def test_a_gang_whose_member_fails_every_attempt_fails_after_the_most_attempts(
+    service: Service,
+) -> None:
+    a, b = GangWorker(service, "a", 40031), GangWorker(service, "b", 40032)
+    run_id = _submit(service, 2, "failing-member")
+    for attempt in (1, 2):  # REPRO_MAX_ATTEMPTS is 2
+        gang = _formed(a, b)
+        assert int(gang[1]["claim"]["run"]["attempt"]) == attempt
+        # Member 1's job fails, before any checkpoint; it gives the run back.
+        released = gang[1]["worker"].release(run_id, attempt, "gang member 1 failed: boom")
+        assert gang[0]["worker"].heartbeat(run_id, attempt) == 409  # over for rank 0 too
+        if attempt == 1:
+            assert released["status"] == "queued"
+    assert released["status"] == "failed"
+    assert released["error"]["type"] == "GangFailed"
+    message = released["error"]["message"]
+    assert "gave up after 2 gang attempts that ended before a checkpoint" in message
+    assert "gang member 1 failed: boom" in message
+    assert a.join()["state"] == b.join()["state"] == "none"  # nothing left to form for

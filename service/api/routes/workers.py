@@ -364,11 +364,19 @@ def fail(
 
 
 @router.post("/runs/{run_id}/release", response_model=RunOut, responses=_REPORT_ERRORS)
-def release(run_id: IdPath, body: ReleaseIn, db: SessionDep, principal: WorkAccess) -> RunOut:
-    """Give a held run back to the queue (worker shutting down)."""
+def release(
+    run_id: IdPath, body: ReleaseIn, db: SessionDep, settings: SettingsDep, principal: WorkAccess
+) -> RunOut:
+    """Give a held run back to the queue (worker shutting down, or a gang's attempt over);
+    a gang run fails once its attempts without a checkpoint reach REPRO_MAX_ATTEMPTS."""
     queue.check_worker(db, body.worker_id, principal)
     released = queue.release(
-        db=db, run_id=run_id, worker_id=body.worker_id, reason=body.reason, attempt=body.attempt
+        db=db,
+        settings=settings,
+        run_id=run_id,
+        worker_id=body.worker_id,
+        reason=body.reason,
+        attempt=body.attempt,
     )
     return run_out(db, released)
 
