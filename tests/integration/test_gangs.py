@@ -32,14 +32,14 @@ def service(database_url: str | None, tmp_path: Path) -> Iterator[Service]:
         svc.stop()
 
 
-def _spec(hosts: int, batches: int = 6, **training: Any) -> str:
+def _spec(hosts: int, batches: int = 6, replicas: int = 1, **training: Any) -> str:
     base = blobs_spec()
     dataset = {"shards": 2 if hosts < 3 else 3, "batch_size": 24, "train_batches": batches}
     spec = blobs_spec(
         name=f"gang-{hosts}",
         dataset={**base["dataset"], **dataset},
         training={**base["training"], **training},
-        distribution={"hosts": hosts},
+        distribution={"hosts": hosts, "replicas": replicas},
     )
     return json.dumps(spec)
 
@@ -64,9 +64,11 @@ def test_a_gang_of_two_trains_and_reruns_identically_and_one_of_three_never_hold
     try:
         # Three hosts with two agents: it never forms, and holds neither agent.
         three = _submit(service, _spec(3))
-        first = _submit(service, _spec(2))
+        # Two logical CPU devices on each (the agents allow one per core, 2 here).
+        first = _submit(service, _spec(2, replicas=2))
         done = service.wait_run(first)
         assert done["status"] == "succeeded", done["error"]
+        assert done["provenance"]["determinism"]["distribution"]["replicas"] == 2
         gang = done["provenance"]["gang"]
         assert [m["rank"] for m in gang] == [0, 1]
         assert len({m["worker_id"] for m in gang}) == 2
@@ -84,7 +86,7 @@ def test_a_gang_of_two_trains_and_reruns_identically_and_one_of_three_never_hold
         assert "trains on 3 workers" in waiting["waiting_reason"]
         # Neither agent is held by it: a one-host run is taken at once.
         single = json.loads(_spec(2))
-        single.update(name="single", distribution={"hosts": 1})
+        single.update(name="single", distribution={"hosts": 1, "replicas": 1})
         one = service.wait_run(_submit(service, json.dumps(single)), timeout=120)
         assert one["status"] == "succeeded", one["error"]
         assert service.client.get(f"/api/v1/runs/{three}").json()["status"] == "queued"

@@ -67,7 +67,7 @@ def _same_run(a: JobResult, b: JobResult) -> None:
     assert a.step_metrics == b.step_metrics
 
 
-def test_two_hosts_rerun_identically_and_train_on_the_rows_one_host_would(
+def test_hosts_rerun_identically_and_train_on_the_rows_one_host_would(
     tmp_path: Path,
 ) -> None:
     first = _trained(_spec(2), tmp_path / "h2-a")
@@ -94,6 +94,16 @@ def test_two_hosts_rerun_identically_and_train_on_the_rows_one_host_would(
     assert report["data_epochs_equal"] == [1, 2, 3, 4]
     paths = {d["path"] for d in report["spec_diff"]}
     assert paths == {"distribution.hosts"}, report["spec_diff"]
+
+    # Two hosts of two logical CPU devices each: bitwise again, on the same rows; four
+    # terms are summed in another order than two, so other bits than two hosts of one.
+    four = _trained(_spec(2, 2), tmp_path / "h2x2-a")
+    _same_run(four, _trained(_spec(2, 2), tmp_path / "h2x2-b"))
+    assert four.determinism["distribution"]["device_kind"] == "logical_cpu"
+    assert four.data_fingerprints == first.data_fingerprints
+    report = build_report(record_from_result(four, "a"), record_from_result(first, "b"))
+    assert report["verdict"] == "diverged" and report["cause"] == "compute"
+    assert report["data_epochs_equal"] == [1, 2, 3, 4]
 
 
 def _wait_for_step_checkpoint(directory: Path, gang: Gang, timeout: float = 240) -> Path:

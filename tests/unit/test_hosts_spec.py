@@ -10,7 +10,7 @@ import pytest
 from worker.errors import SpecError
 from worker.spec import parse_spec
 from worker.training.cluster import ClusterError, Host, own_shards, this_host
-from worker.training.replicas import DeviceError, Placement, place_replicas
+from worker.training.replicas import DeviceError, Placement, _host_cpu_devices, place_replicas
 
 
 def _spec(**changes: Any) -> dict[str, Any]:
@@ -109,14 +109,13 @@ def test_a_cluster_that_does_not_fit_the_run_is_refused(environ: dict[str, str],
     assert said in str(caught.value)
 
 
-def test_a_cpu_host_trains_one_replica() -> None:
+def test_a_cpu_host_trains_its_replicas_on_logical_devices_where_allowed() -> None:
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("the path of a host without GPUs; this one has some")
-    # Several replicas per host would need CPU devices the strategy ignores.
-    with pytest.raises(DeviceError, match=r"set distribution\.replicas to 1"):
-        place_replicas(2, hosts=2, rank=0)
+    with pytest.raises(DeviceError, match="logical CPU devices are not allowed here"):
+        place_replicas(2, hosts=2, rank=0, allow_logical_cpu=False)
     placement = place_replicas(1, hosts=2, rank=1)
     assert (placement.total_replicas, placement.first_replica) == (2, 1)
     assert placement.host_rows(32) == (16, 32)
@@ -127,3 +126,24 @@ def test_a_host_owns_its_replicas_rows_of_the_global_batch() -> None:
     placement = Placement(2, [], "gpu", hosts=3, rank=1)
     assert (placement.total_replicas, placement.first_replica) == (6, 2)
     assert placement.host_rows(12) == (4, 8)
+
+
+def test_a_cpu_host_gets_its_logical_devices_only_while_the_strategy_is_built() -> None:
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("the path of a host without GPUs; this one has some")
+    extended = collective.CollectiveAllReduceExtended
+    original = extended._initialize_local_devices
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    # TensorFlow's own choice on a CPU host: one device, whatever logical ones exist.
+    assert original(None, resolver, "/job:worker/task:1") == (
+        ("/job:worker/task:1/device:CPU:0",),
+        "CPU",
+    )
+    with _host_cpu_devices(3):
+        devices, kind = extended._initialize_local_devices(None, resolver, "/job:worker/task:1")
+    assert kind == "CPU"
+    assert devices == tuple(f"/job:worker/task:1/device:CPU:{i}" for i in range(3))
+    assert extended._initialize_local_devices is original

@@ -20,11 +20,14 @@ the same size adds in the same order on every run (measured: hosts x replicas of
 and 1x4 under this strategy give equal bits). On GPUs the same RING
 implementation is used (NCCL's order depends on its channel and algorithm choices, which
 are tuned to the topology). A host's replicas are global replicas rank*N .. rank*N+N-1 and
-it holds only their rows of each global batch.
+it holds only their rows of each global batch. A host without GPUs takes one replica on
+its CPU, or N on N logical CPU devices (`_host_cpu_devices`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +49,7 @@ class Placement:
 
     replicas: int  # on this host
     devices: list[str]
-    device_kind: str  # "default", "gpu" or "logical_cpu"; "cpu" on a host of several
+    device_kind: str  # "default", "gpu", "logical_cpu"; "cpu" (one) on a host of several
     strategy: Any = None
     notes: list[str] = field(default_factory=list)
     hosts: int = 1
@@ -89,11 +92,16 @@ class Placement:
     def _start_hosts(self, tf: Any) -> None:
         """Join the cluster TF_CONFIG describes; blocks until every host has joined."""
         collective = tf.distribute.experimental
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=collective.CommunicationOptions(
-                implementation=collective.CommunicationImplementation.RING
-            )
+        options = collective.CommunicationOptions(
+            implementation=collective.CommunicationImplementation.RING
         )
+        if self.device_kind == "logical_cpu":
+            with _host_cpu_devices(self.replicas):
+                self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                    communication_options=options
+                )
+        else:
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         if self.strategy.num_replicas_in_sync != self.total_replicas:
             raise DeviceError(
                 f"distribution is {self.hosts} host(s) x {self.replicas} replica(s) but the "
@@ -144,7 +152,7 @@ def place_replicas(
     Raises DeviceError naming the count when the devices cannot be had.
     """
     if hosts > 1:
-        return _place_on_host(replicas, hosts=hosts, rank=rank)
+        return _place_on_host(replicas, hosts=hosts, rank=rank, allow_logical_cpu=allow_logical_cpu)
     if replicas == 1:
         return Placement(1, [], "default")
     import tensorflow as tf
@@ -164,26 +172,34 @@ def place_replicas(
                 f"distribution.replicas is {replicas} but this worker has no GPU and "
                 "logical CPU devices are not allowed here"
             )
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
-        try:
-            tf.config.set_logical_device_configuration(cpu, wanted)
-        except RuntimeError as exc:
-            # TensorFlow has started its devices already; fine only if they are what we need.
-            have = len(tf.config.list_logical_devices("CPU"))
-            if have < replicas:
-                raise DeviceError(
-                    f"distribution.replicas is {replicas} but TensorFlow already runs with "
-                    f"{have} CPU device(s) in this process ({exc}); start a fresh process"
-                ) from exc
+        _logical_cpus(tf, replicas)
         devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(replicas)]
         kind = "logical_cpu"
     return Placement(replicas, devices, kind)
 
 
-def _place_on_host(replicas: int, *, hosts: int, rank: int) -> Placement:
+def _logical_cpus(tf: Any, replicas: int) -> None:
+    """Split the one physical CPU into `replicas` logical devices (before TensorFlow starts)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
+    try:
+        tf.config.set_logical_device_configuration(cpu, wanted)
+    except RuntimeError as exc:
+        # TensorFlow has started its devices already; fine only if they are what we need.
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < replicas:
+            raise DeviceError(
+                f"distribution.replicas is {replicas} but TensorFlow already runs with "
+                f"{have} CPU device(s) in this process ({exc}); start a fresh process"
+            ) from exc
+
+
+def _place_on_host(
+    replicas: int, *, hosts: int, rank: int, allow_logical_cpu: bool = True
+) -> Placement:
     """This host's N devices of a cluster: N GPUs (only they are made visible, since
-    MultiWorkerMirroredStrategy takes every visible GPU), or the one CPU."""
+    MultiWorkerMirroredStrategy takes every visible GPU), the one CPU, or N logical CPU
+    devices."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -196,13 +212,45 @@ def _place_on_host(replicas: int, *, hosts: int, rank: int) -> Placement:
         tf.config.set_visible_devices(gpus[:replicas], "GPU")
         return Placement(replicas, [], "gpu", hosts=hosts, rank=rank)
     if replicas > 1:
-        # The strategy trains one replica per host on the CPU whatever logical devices exist.
-        raise DeviceError(
-            f"distribution.replicas is {replicas} per host but a host without GPUs trains "
-            "one replica under MultiWorkerMirroredStrategy; set distribution.replicas to 1 "
-            "(and distribution.hosts to the replicas wanted) or use GPU workers"
-        )
+        if not allow_logical_cpu:
+            raise DeviceError(
+                f"distribution.replicas is {replicas} per host but this worker has no GPU "
+                "and logical CPU devices are not allowed here"
+            )
+        _logical_cpus(tf, replicas)
+        return Placement(replicas, [], "logical_cpu", hosts=hosts, rank=rank)
     return Placement(1, [], "cpu", hosts=hosts, rank=rank)
+
+
+@contextmanager
+def _host_cpu_devices(replicas: int) -> Iterator[None]:
+    """While MultiWorkerMirroredStrategy is built, give it this host's `replicas` logical
+    CPU devices: on a host without GPUs it takes one CPU device whatever logical devices
+    exist (`CollectiveAllReduceExtended._initialize_local_devices`, TensorFlow's own code,
+    with no public switch), which leaves replicas on the CPU untestable across hosts. The
+    method is called once, from the strategy's constructor; it is restored after."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+
+    extended = getattr(collective, "CollectiveAllReduceExtended", None)
+    original = getattr(extended, "_initialize_local_devices", None)
+    if extended is None or original is None:
+        raise DeviceError(
+            f"distribution.replicas is {replicas} per host on a host without GPUs, which this "
+            "TensorFlow version cannot place; set distribution.replicas to 1 (and "
+            "distribution.hosts to the replicas wanted) or use GPU workers"
+        )
+
+    def local_devices(self: Any, cluster_resolver: Any, worker_device: str) -> Any:
+        devices, kind = original(self, cluster_resolver, worker_device)
+        if kind != "CPU":
+            return devices, kind
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in range(replicas)), kind
+
+    extended._initialize_local_devices = local_devices
+    try:
+        yield
+    finally:
+        extended._initialize_local_devices = original
 
 
 def row_bounds(batch_size: int, replicas: int) -> list[tuple[int, int]]:
