@@ -85,11 +85,19 @@ def test_a_gang_of_two_trains_and_reruns_identically_and_one_of_three_never_hold
         assert waiting["status"] == "queued" and waiting["attempt"] == 0
         assert "trains on 3 workers" in waiting["waiting_reason"]
         # Neither agent is held by it: a one-host run is taken at once.
-        single = json.loads(_spec(2))
-        single.update(name="single", distribution={"hosts": 1, "replicas": 1})
-        one = service.wait_run(_submit(service, json.dumps(single)), timeout=120)
+        single = json.loads(_spec(2, replicas=2))
+        single.update(distribution={"hosts": 1, "replicas": 2})
+        one_id = _submit(service, json.dumps(single))
+        one = service.wait_run(one_id, timeout=120)
         assert one["status"] == "succeeded", one["error"]
         assert service.client.get(f"/api/v1/runs/{three}").json()["status"] == "queued"
+        # One host against two, the same global batches: equal data, weights measured apart.
+        report = service.client.get("/api/v1/compare", params={"a": one_id, "b": first}).json()
+        assert report["spec_diff"] == [{"path": "distribution.hosts", "a": 1, "b": 2}]
+        assert report["data"]["equal"] is True and report["data_epochs_differing"] == []
+        assert report["verdict"] == "diverged" and report["cause"] == "compute"
+        measured = [d for d in report["differences"] if d["max_abs_diff"] is not None]
+        assert measured and all(d["max_abs_diff"] > 0 for d in measured)
         service.client.post(f"/api/v1/runs/{three}/cancel")
     finally:
         for a in agents:
