@@ -213,8 +213,12 @@ def _form(
         .execution_options(synchronize_session=False)
     )
     if not cast(CursorResult[Any], started).rowcount:
+        # Another join formed the gang first. Members it ranked are in that gang: on
+        # PostgreSQL this statement's members were read after that join committed, so
+        # they may be among them. Only the rest (this worker, at least) are let go.
         for m in members:
-            db.delete(m)
+            if m.rank is None:
+                db.delete(m)
         return
     for rank, member in enumerate(gang):
         member.rank, member.seen_at = rank, now

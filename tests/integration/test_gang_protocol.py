@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import select
 
+from service.config import Settings
+from service.persistence.engine import make_engine, make_sessionmaker
+from service.persistence.models import GangMember, Run, utcnow
+from service.runs import gangs
 from tests.integration.service_procs import Service
 from tests.integration.test_server_verification import SEED001
 
@@ -224,3 +229,42 @@ def test_a_gang_whose_member_fails_every_attempt_fails_after_the_most_attempts(
     assert "gave up after 2 gang attempts that ended before a checkpoint" in message
     assert "gang member 1 failed: boom" in message
     assert a.join()["state"] == b.join()["state"] == "none"  # nothing left to form for
+
+
+def test_a_join_that_lost_the_race_to_form_lets_only_unranked_members_go(
+    service: Service, database_url: str | None
+) -> None:
+    a, b = GangWorker(service, "a", 40041), GangWorker(service, "b", 40042)
+    c = GangWorker(service, "c", 40043)
+    run_id = _submit(service, 2, "raced")
+    gang = _formed(a, b)
+    attempt = int(gang[0]["claim"]["run"]["attempt"])
+    # c joined at the same time and read the members after a and b's gang committed (as a
+    # statement of its own does on PostgreSQL): it finds its run started by the other.
+    settings = Settings(data_dir=service.data_dir, database_url=database_url or "")
+    engine = make_engine(settings.resolved_database_url, pool_size=1, max_overflow=0)
+    try:
+        with make_sessionmaker(engine)() as db:
+            run = db.get(Run, run_id)
+            assert run is not None
+            now = utcnow()
+            late = GangMember(
+                run_id=run_id,
+                attempt=attempt,
+                worker_id=c.id,
+                address=c.address,
+                joined_at=now,
+                seen_at=now,
+            )
+            db.add(late)
+            db.flush()
+            members = list(db.scalars(select(GangMember).where(GangMember.run_id == run_id)))
+            assert len(members) == 3
+            gangs._form(db, settings, run, members, now)
+            db.commit()
+    finally:
+        engine.dispose()
+    # The gang trains on: both members keep their places; c is free.
+    assert gang[1]["worker"].heartbeat(run_id, attempt) == 200
+    assert gang[0]["worker"].heartbeat(run_id, attempt) == 200
+    assert c.join()["state"] == "none"
