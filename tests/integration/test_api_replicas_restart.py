@@ -50,13 +50,18 @@ def test_replicas_restarted_one_after_the_other_while_twenty_runs_train(
     }
 
     def replica(name: str, port: int | None = None) -> Service:
-        return Service(
+        svc = Service(
             tmp_path / name / "data",
             database_url=postgres_url,
             env=shared,
             extra=("--no-demo",),
             port=port,
-        ).wait_ready()
+        )
+        try:  # a restart starts while four jobs share the cores: give it time
+            return svc.wait_ready(timeout=120)
+        except BaseException:
+            svc.stop()  # not left running to fail another test with its open files
+            raise
 
     replicas = {"one": replica("one")}
     # The second replica's operator holds an admin token of the same service.

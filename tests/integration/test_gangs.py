@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Iterator
@@ -32,9 +31,12 @@ def service(database_url: str | None, tmp_path: Path) -> Iterator[Service]:
         svc.stop()
 
 
-def _spec(hosts: int, batches: int = 6, replicas: int = 1, **training: Any) -> str:
+def _spec(
+    hosts: int, batches: int = 6, replicas: int = 1, batch_size: int = 24, **training: Any
+) -> str:
     base = blobs_spec()
-    dataset = {"shards": 2 if hosts < 3 else 3, "batch_size": 24, "train_batches": batches}
+    shards = 2 if hosts < 3 else 3
+    dataset = {"shards": shards, "batch_size": batch_size, "train_batches": batches}
     spec = blobs_spec(
         name=f"gang-{hosts}",
         dataset={**base["dataset"], **dataset},
@@ -104,8 +106,9 @@ def test_a_gang_of_two_trains_and_reruns_identically_and_one_of_three_never_hold
             a.stop()
 
 
-def _job_of(agent: WorkerProc) -> int:
-    """The pid of the job process the agent started (a descendant running worker.run)."""
+def _jobs(agents: dict[int, WorkerProc]) -> dict[int, int]:
+    """Of `agents` (by worker id), those running a job: worker id -> the job's pid (the
+    innermost descendant running worker.run, if a job re-executed itself)."""
     parents: dict[int, int] = {}
     commands: dict[int, bytes] = {}
     for entry in Path("/proc").iterdir():
@@ -117,43 +120,43 @@ def _job_of(agent: WorkerProc) -> int:
         except OSError:
             continue
         parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-
-    def under_agent(pid: int) -> bool:
-        while pid > 1:
-            pid = parents.get(pid, 0)
-            if pid == agent.proc.pid:
-                return True
-        return False
-
-    jobs = [p for p, c in commands.items() if b"worker.run" in c and under_agent(p)]
-    if not jobs:
-        raise LookupError(f"agent {agent.proc.pid} runs no job")
-    return max(jobs)  # the innermost, if a job re-executed itself
-
-
-def _rank(agent: WorkerProc) -> int | None:
-    """The agent's rank in the gang it last joined, as its log says."""
-    ranks = re.findall(r"this worker is rank (\d+)", agent.log.read_text())
-    return int(ranks[-1]) if ranks else None
+    worker_of = {agent.proc.pid: worker for worker, agent in agents.items()}
+    jobs: dict[int, int] = {}
+    for pid, command in commands.items():
+        if b"worker.run" not in command:
+            continue
+        up = pid
+        while up > 1 and up not in worker_of:
+            up = parents.get(up, 0)
+        if up in worker_of:
+            jobs[worker_of[up]] = max(pid, jobs.get(worker_of[up], 0))
+    return jobs
 
 
 def test_a_killed_member_ends_the_attempt_and_a_new_gang_resumes_identically(
     service: Service, tmp_path: Path
 ) -> None:
-    spec = _spec(2, batches=60, epochs=3, checkpoint_every_steps=10)
+    # Long enough (450 steps of 120 rows) that the kill lands while both members train.
+    spec = _spec(2, batches=150, batch_size=120, epochs=3, checkpoint_every_steps=10)
     agents = _agents(service, tmp_path, 3)
+    by_id = {a.worker_id(): a for a in agents}
     try:
         run_id = _submit(service, spec)
         deadline = time.monotonic() + 180
         while True:
             run = service.client.get(f"/api/v1/runs/{run_id}").json()
             if (run["checkpoint_step"] or 0) >= 10 and run["status"] == "running":
-                break
+                # Members are told by their jobs and the run's holder (rank 0): an agent's
+                # log may name a rank of an earlier gang of the run.
+                jobs = _jobs(by_id)
+                others = [pid for w, pid in jobs.items() if w != run["worker_id"]]
+                if run["worker_id"] in jobs and others:
+                    member = others[0]
+                    break
             assert run["status"] in ("queued", "running"), run
             assert time.monotonic() < deadline, run
             time.sleep(0.2)
-        member = next(a for a in agents if _rank(a) == 1)
-        os.kill(_job_of(member), signal.SIGKILL)  # a host lost mid-epoch
+        os.kill(member, signal.SIGKILL)  # a host lost mid-epoch
         done = service.wait_run(run_id, timeout=300)
         assert done["status"] == "succeeded", done["error"]
         assert done["attempt"] >= 2
