@@ -20,7 +20,7 @@ from service.persistence.engine import make_engine, make_sessionmaker
 from service.persistence.models import GangMember, Run, utcnow
 from service.runs import gangs
 from tests.integration.service_procs import Service
-from tests.integration.test_server_verification import SEED001
+from tests.integration.test_server_verification import SEED001, run_of
 
 LEASE = 8.0  # seconds: lapses happen within the test, slow requests of a loaded machine do not
 FORM = 2.0  # REPRO_GANG_FORM_SECONDS
@@ -89,13 +89,6 @@ def _submit(svc: Service, hosts: int, name: str) -> int:
     return int(created.json()["run"]["id"])
 
 
-def _run(svc: Service, run_id: int) -> dict[str, Any]:
-    answer = svc.client.get(f"/api/v1/runs/{run_id}")
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
-
-
 def _until(what: Callable[[], Any], timeout: float, step: float = 0.25) -> Any:
     """`what()` once it is truthy; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -127,7 +120,7 @@ def test_a_gang_that_does_not_complete_in_time_lets_its_member_go_and_says_so(
     assert b.join()["state"] == "none"
     forming = a.join()
     assert forming == {**forming, "state": "forming", "run_id": gang_run, "joined": 1}
-    said = _run(service, gang_run)["waiting_reason"]
+    said = run_of(service, gang_run)["waiting_reason"]
     assert "its gang is forming: 1 of 2 workers have joined" in said, said
 
     # b takes a one-host run instead: a's gang cannot complete, and is let go in time.
@@ -136,7 +129,7 @@ def test_a_gang_that_does_not_complete_in_time_lets_its_member_go_and_says_so(
     time.sleep(FORM + 0.2)
     assert b.heartbeat(single, 1) == 200  # b trains on
     assert a.join()["state"] == "none"  # let go: nobody idle to complete it with
-    run = _run(service, gang_run)
+    run = run_of(service, gang_run)
     assert run["status"] == "queued" and run["attempt"] == 0
     said = run["waiting_reason"]
     assert "its last gang did not complete: 1 of 2 workers joined and were let go" in said
@@ -149,7 +142,7 @@ def test_a_gang_that_does_not_complete_in_time_lets_its_member_go_and_says_so(
     cluster = [gang[0]["worker"].address, gang[1]["worker"].address]
     assert gang[0]["cluster"] == gang[1]["cluster"] == cluster
     assert set(cluster) == {a.address, b.address}
-    run = _run(service, gang_run)
+    run = run_of(service, gang_run)
     assert run["status"] == "running" and run["worker_id"] == gang[0]["worker"].id
     assert run["waiting_reason"] is None
 
@@ -174,7 +167,7 @@ def test_cancelling_a_training_gang_stops_every_member_and_frees_them(
     following = _submit(service, 2, "following")
     gang = _formed(a, b)
     assert gang[0]["run_id"] == gang[1]["run_id"] == following
-    assert _run(service, run_id)["status"] == "cancelled"
+    assert run_of(service, run_id)["status"] == "cancelled"
 
 
 @pytest.mark.parametrize("silent_rank", [1, 0])
@@ -190,14 +183,14 @@ def test_a_member_that_stops_heartbeating_ends_the_attempt_for_all(
     def requeued() -> bool:
         assert talking.heartbeat(run_id, attempt) in (200, 409)
         assert talking.claim() is None  # a claim sweeps lapsed leases and lost members
-        return bool(_run(service, run_id)["status"] == "queued")
+        return bool(run_of(service, run_id)["status"] == "queued")
 
     _until(requeued, timeout=4 * LEASE)
     # The attempt is over for every member: neither may report on it any more.
     assert talking.heartbeat(run_id, attempt) == 409
     assert silent.heartbeat(run_id, attempt) == 409
     assert talking.done(run_id, attempt) == 409
-    run = _run(service, run_id)
+    run = run_of(service, run_id)
     assert run["worker_id"] is None and run["attempt"] == attempt
 
     # A new gang of the same two takes it on the next attempt; rank 0 holds it again.
@@ -207,7 +200,7 @@ def test_a_member_that_stops_heartbeating_ends_the_attempt_for_all(
     assert gang[0]["worker"].heartbeat(run_id, attempt + 1) == 200
     assert gang[1]["worker"].heartbeat(run_id, attempt + 1) == 200
     assert gang[1]["worker"].done(run_id, attempt + 1) == 204
-    assert _run(service, run_id)["worker_id"] == gang[0]["worker"].id
+    assert run_of(service, run_id)["worker_id"] == gang[0]["worker"].id
 
 
 def test_a_gang_whose_member_fails_every_attempt_fails_after_the_most_attempts(
