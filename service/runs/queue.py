@@ -6,6 +6,7 @@ A run is held by at most one worker: claiming is one atomic conditional update (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -168,20 +169,8 @@ def waiting_reason(
     reasons = []
     if hosts > 1:
         reasons.extend(_gang_reason(db, settings, hosts, live_since, run_id, progress))
-    if needs_code and not settings.allow_code_bundles:
-        reasons.append(
-            "it runs a code bundle and code bundles are turned off on this server "
-            "(REPRO_ALLOW_CODE_BUNDLES=false): no worker claims it until the operator turns "
-            "them on again (or cancel it)"
-        )
-    elif needs_code and not db.scalar(
-        select(exists().where(Worker.last_seen_at >= live_since, Worker.accepts_code))
-    ):
-        reasons.append(
-            "it runs a code bundle and no live worker accepts code: the run stays queued until "
-            "a worker with the docker executor, or a process worker started with --trust-code, "
-            "claims it"
-        )
+    if needs_code:
+        reasons.extend(_code_reason(db, settings, live_since))
     if required_hardware is not None and not any(
         hardware.matches(required_hardware, cls) for *_, cls in live
     ):
@@ -209,22 +198,54 @@ def waiting_reason(
             "CPU-only worker allows with --cpu-replicas); the run stays queued until a worker "
             f"with {replicas} devices claims it"
         )
-    fits = any(
+    if live and not reasons:  # each need is met: but by one worker?
+        reasons.extend(_no_one_fits(live, required_image, replicas, needs_code, required_hardware))
+    return "; ".join(reasons) or None
+
+
+def _code_reason(db: Session, settings: Settings, live_since: datetime) -> list[str]:
+    """Why a run with a code bundle is not claimed: bundles are off, or no live worker
+    accepts code."""
+    if not settings.allow_code_bundles:
+        return [
+            "it runs a code bundle and code bundles are turned off on this server "
+            "(REPRO_ALLOW_CODE_BUNDLES=false): no worker claims it until the operator turns "
+            "them on again (or cancel it)"
+        ]
+    if not db.scalar(
+        select(exists().where(Worker.last_seen_at >= live_since, Worker.accepts_code))
+    ):
+        return [
+            "it runs a code bundle and no live worker accepts code: the run stays queued until "
+            "a worker with the docker executor, or a process worker started with --trust-code, "
+            "claims it"
+        ]
+    return []
+
+
+def _no_one_fits(
+    live: Sequence[Any],
+    required_image: str | None,
+    replicas: int,
+    needs_code: bool,
+    required_hardware: str | None,
+) -> list[str]:
+    """The reason when every need is met by some live worker, but none meets them all."""
+    if any(
         (required_image is None or required_image in (images or []))
         and replicas <= devices
         and (accepts or not needs_code)
         and hardware.matches(required_hardware, cls)
         for images, devices, accepts, cls in live
-    )
-    if live and not reasons and not fits:  # each need is met, but never by one worker
-        needs = [f"image {required_image}" if required_image else "", f"{replicas} devices"]
-        needs.append("code acceptance" if needs_code else "")
-        needs.append(f"hardware {required_hardware}" if required_hardware else "")
-        reasons.append(
-            f"no live worker offers all it needs at once ({', '.join(n for n in needs if n)}); "
-            "the run stays queued until one that does claims it"
-        )
-    return "; ".join(reasons) or None
+    ):
+        return []
+    needs = [f"image {required_image}" if required_image else "", f"{replicas} devices"]
+    needs.append("code acceptance" if needs_code else "")
+    needs.append(f"hardware {required_hardware}" if required_hardware else "")
+    return [
+        f"no live worker offers all it needs at once ({', '.join(n for n in needs if n)}); "
+        "the run stays queued until one that does claims it"
+    ]
 
 
 def _gang_reason(

@@ -332,21 +332,8 @@ def _worker_name(db: Session, run: Run) -> str | None:
     return worker.name if worker is not None else None
 
 
-def create_refinement(
-    *,
-    db: Session,
-    a_id: int,
-    b_id: int,
-    settings: Settings,
-    actor: Principal | None = None,
-) -> Refinement:
-    """Queue a per-step re-trace of the divergent epoch of two diverged runs.
-
-    Each re-trace runs on the worker that ran its run (by name) and image, starting from
-    run a's newest checkpoint before the divergent epoch (identical in both runs), so no
-    earlier epoch is trained again unless no checkpoint is that recent.
-    """
-    a, b = get_run(db, a_id), get_run(db, b_id)
+def _divergent_epoch(db: Session, a: Run, b: Run, settings: Settings) -> int:
+    """The epoch two runs diverged in, if they may be refined (Conflict saying why not)."""
     if a.kind != "train" or b.kind != "train":
         raise Conflict("only trainings can be refined, not re-traces")
     for run in (a, b):
@@ -366,7 +353,44 @@ def create_refinement(
         raise Conflict("the runs differ at initialisation, before the first step")
     if a.trace_granularity == "steps:1":
         raise Conflict("the runs were already traced after every step")
-    epoch = int(div["epoch"])
+    return int(div["epoch"])
+
+
+def _retrace(db: Session, original: Run, options: dict[str, Any]) -> Run:
+    """A queued re-trace of `original` on the worker (by name) and image that ran it."""
+    name = _worker_name(db, original)
+    if name is None:
+        raise Conflict(f"run {original.id} has no recorded worker to re-run it on")
+    return Run(
+        experiment_id=original.experiment_id,
+        rerun_of_id=original.id,
+        kind="refine",
+        status="queued",
+        required_image=original.required_image or reported_image(original.provenance),
+        required_worker=name,
+        job_options=options,
+        replicas=original.replicas,
+        needs_code=original.needs_code,  # only a worker that accepts code re-runs it
+        submitter_id=original.submitter_id,
+    )
+
+
+def create_refinement(
+    *,
+    db: Session,
+    a_id: int,
+    b_id: int,
+    settings: Settings,
+    actor: Principal | None = None,
+) -> Refinement:
+    """Queue a per-step re-trace of the divergent epoch of two diverged runs.
+
+    Each re-trace runs on the worker that ran its run (by name) and image, starting from
+    run a's newest checkpoint before the divergent epoch (identical in both runs), so no
+    earlier epoch is trained again unless no checkpoint is that recent.
+    """
+    a, b = get_run(db, a_id), get_run(db, b_id)
+    epoch = _divergent_epoch(db, a, b, settings)
     earlier = [e for e in checkpoints_of(db, a.id) if e < epoch]
     from_epoch = max(earlier, default=0)
     options = {
@@ -375,25 +399,7 @@ def create_refinement(
         "trace_every_steps": 1,
         "until_epoch": epoch,
     }
-    refine_runs = []
-    for original in (a, b):
-        name = _worker_name(db, original)
-        if name is None:
-            raise Conflict(f"run {original.id} has no recorded worker to re-run it on")
-        refine_runs.append(
-            Run(
-                experiment_id=original.experiment_id,
-                rerun_of_id=original.id,
-                kind="refine",
-                status="queued",
-                required_image=original.required_image or reported_image(original.provenance),
-                required_worker=name,
-                job_options=options,
-                replicas=original.replicas,
-                needs_code=original.needs_code,  # only a worker that accepts code re-runs it
-                submitter_id=original.submitter_id,
-            )
-        )
+    refine_runs = [_retrace(db, original, options) for original in (a, b)]
     db.add_all(refine_runs)
     db.flush()
     refinement = Refinement(

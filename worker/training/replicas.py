@@ -27,7 +27,7 @@ its CPU, or N on N logical CPU devices (`_host_cpu_devices`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,12 +95,8 @@ class Placement:
         options = collective.CommunicationOptions(
             implementation=collective.CommunicationImplementation.RING
         )
-        if self.device_kind == "logical_cpu":
-            with _host_cpu_devices(self.replicas):
-                self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                    communication_options=options
-                )
-        else:
+        cpus = self.device_kind == "logical_cpu"
+        with _host_cpu_devices(self.replicas) if cpus else nullcontext():
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         if self.strategy.num_replicas_in_sync != self.total_replicas:
             raise DeviceError(
