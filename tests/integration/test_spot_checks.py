@@ -41,6 +41,19 @@ def wait_check(svc: Service, check_id: int, timeout: float = 300) -> dict[str, A
     raise TimeoutError(f"spot check {check_id} still pending: {svc.log.read_text()[-3000:]}")
 
 
+def policy_check(svc: Service, run_id: int, timeout: float = 30) -> dict[str, Any]:
+    """The spot check the policy queued for a succeeded run: it is queued just after the
+    run's result is committed, so a client may see the run succeeded a moment before it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found: list[dict[str, Any]] = svc.client.get(f"/api/v1/runs/{run_id}/spot-checks").json()
+        if found:
+            [check] = found
+            return check
+        time.sleep(0.2)
+    raise TimeoutError(f"run {run_id} got no spot check: {svc.log.read_text()[-3000:]}")
+
+
 def seed_where(including: bool) -> int:
     """A seed whose 2 of 4 segments include (or leave out) the nudged segment."""
     return next(s for s in range(1000) if (NUDGED - 1 in pick_segments(EPOCHS, 2, s)) == including)
@@ -119,10 +132,17 @@ def test_retention_keeps_what_it_says_and_the_cli_verifies(
     with running(service, tmp_path / "w1", tmp_path / "w2") as (svc, _):
         run_id = svc.submit(json.dumps(found), "application/json").json()["run"]["id"]
         assert svc.wait_run(run_id)["status"] == "succeeded"
-        listed = svc.client.get(f"/api/v1/runs/{run_id}/artifacts").json()
-        names = sorted(a["name"] for a in listed if a["kind"] == "checkpoint")
         kept = [2, 4, 5] if policy == "every:2" else [5]
-        assert names == sorted(f"epoch-{e:06d}.{x}" for e in kept for x in ("json", "npz"))
+        wanted = sorted(f"epoch-{e:06d}.{x}" for e in kept for x in ("json", "npz"))
+        # The policy cuts the checkpoints just after the result is committed.
+        deadline = time.monotonic() + 30
+        while True:
+            listed = svc.client.get(f"/api/v1/runs/{run_id}/artifacts").json()
+            names = sorted(a["name"] for a in listed if a["kind"] == "checkpoint")
+            if names == wanted or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert names == wanted
         # Nothing stored that no artifact names: dropped checkpoints left no file behind.
         assert stored_files(svc.data_dir) == {a["sha256"] for a in listed}
 
@@ -165,8 +185,7 @@ def test_swapped_arrays_pass_complete_and_every_run_is_checked_by_policy(tmp_pat
             assert run["status"] == "succeeded", run["error"]
             clean = svc.worker(tmp_path / "clean", env=plugins)
             try:
-                [check] = svc.client.get(f"/api/v1/runs/{run_id}/spot-checks").json()
-                done = wait_check(svc, check["id"])
+                done = wait_check(svc, policy_check(svc, run_id)["id"])
             finally:
                 clean.stop()
         finally:
