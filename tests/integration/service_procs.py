@@ -144,7 +144,14 @@ class Service:
 
 
 class WorkerProc:
-    """`repro worker` in its own process; `extra` goes after the usual options (an executor)."""
+    """`repro worker` in its own process; `extra` goes after the usual options (an executor).
+
+    Its readiness checks and warm interpreters are off unless a test asks for them: each
+    imports TensorFlow (about 7 s of CPU here), the checks in every agent and the warm
+    interpreter once more than the agent's jobs need, and the suite runs on two cores. Their
+    own tests (test_doctor, test_warm_start) turn them on, and so does `repro serve
+    --with-worker` (the README's and the dashboard's tests), which starts the default agent.
+    """
 
     def __init__(
         self,
@@ -155,6 +162,8 @@ class WorkerProc:
         name: str = "w",
         env: dict[str, str] | None = None,
         extra: tuple[str, ...] = (),
+        readiness_checks: bool = False,
+        warm_start: bool = False,
     ) -> None:
         self.token = token  # to start the same worker again
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -176,6 +185,8 @@ class WorkerProc:
                 str(work_dir),
                 "--poll",
                 "0.2",
+                "--readiness-checks" if readiness_checks else "--no-readiness-checks",
+                "--warm-start" if warm_start else "--no-warm-start",
                 *extra,
             ),
             env={**job_env(), **(env or {})},

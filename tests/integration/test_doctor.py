@@ -156,6 +156,7 @@ def test_a_docker_worker_runs_the_checks_in_its_image_and_reports_the_flags(
             # Numerics variables reach a job's container, and so the checks' container.
             env={**STEADY, "TF_DETERMINISTIC_OPS": "0"},
             extra=("--executor", "docker", "--image", checked_image, "--allow-tag"),
+            readiness_checks=True,
         )
         agent.worker_id()
         deadline = time.monotonic() + 180

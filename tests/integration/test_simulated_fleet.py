@@ -71,7 +71,6 @@ def rendered_pools() -> dict[str, Pool]:
         devices = pool["devices"].get("gpus") or pool["devices"]["cpu_devices"]
         if not any(a.startswith("--cpu-replicas=") for a in options):
             options.append(f"--cpu-replicas={devices}")  # no GPUs here: one CPU device each
-        options.append("--no-readiness-checks")  # spares the loaded machine a TF import
         out[name] = Pool(name, pool["query"], pool["images"], env, options)
     assert out["cpu"].options.count("--cpu-replicas=2") == 1
     assert out["gpu"].options.count("--cpu-replicas=1") == 1

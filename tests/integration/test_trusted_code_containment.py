@@ -124,8 +124,9 @@ def _warm_children(pid: int) -> list[int]:
 def test_no_warm_interpreter_while_code_is_trusted(service: Service, tmp_path: Path) -> None:
     def agent(name: str, *extra: str) -> WorkerProc:
         token = service.token("worker", name)
-        options = ("--no-readiness-checks", *extra)
-        return WorkerProc(service.url, tmp_path / name, token=token, name=name, extra=options)
+        return WorkerProc(
+            service.url, tmp_path / name, token=token, name=name, extra=extra, warm_start=True
+        )
 
     plain, trusting = agent("plain"), agent("trusting", "--trust-code")
     try:

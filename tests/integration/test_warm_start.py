@@ -199,7 +199,7 @@ def test_an_agent_starts_its_job_warm_and_leaves_nothing_behind_on_sigterm(
         service.url,
         work_dir,
         token=service.token("worker", "w"),
-        extra=("--no-readiness-checks",),
+        warm_start=True,
     )
     try:
         worker.worker_id()
@@ -229,7 +229,7 @@ def test_no_warm_start_keeps_no_interpreter_waiting(tmp_path: Path) -> None:
         service.url,
         tmp_path / "worker",
         token=service.token("worker", "w"),
-        extra=("--no-readiness-checks", "--no-warm-start"),
+        warm_start=False,  # as `--no-warm-start`
     )
     try:
         worker.worker_id()
