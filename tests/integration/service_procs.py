@@ -132,7 +132,9 @@ class Service:
             time.sleep(0.25)
         raise TimeoutError(f"run {run_id} still {run['status']}: {self.log.read_text()[-3000:]}")
 
-    def worker(self, work_dir: Path, env: dict[str, str] | None = None) -> WorkerProc:
+    def worker(
+        self, work_dir: Path, env: dict[str, str] | None = None, *, readiness_checks: bool = False
+    ) -> WorkerProc:
         """A worker agent process with its own worker token, named after its directory.
 
         A worker started again under a name keeps its token, and so its identity.
@@ -140,7 +142,10 @@ class Service:
         name = work_dir.name
         if name not in self._worker_tokens:
             self._worker_tokens[name] = self.token("worker", name)
-        return WorkerProc(self.url, work_dir, token=self._worker_tokens[name], name=name, env=env)
+        token = self._worker_tokens[name]
+        return WorkerProc(
+            self.url, work_dir, token=token, name=name, env=env, readiness_checks=readiness_checks
+        )
 
 
 class WorkerProc:
@@ -149,8 +154,9 @@ class WorkerProc:
     Its readiness checks and warm interpreters are off unless a test asks for them: each
     imports TensorFlow (about 7 s of CPU here), the checks in every agent and the warm
     interpreter once more than the agent's jobs need, and the suite runs on two cores. Their
-    own tests (test_doctor, test_warm_start) turn them on, and so does `repro serve
-    --with-worker` (the README's and the dashboard's tests), which starts the default agent.
+    own tests (test_worker_readiness, test_doctor, test_warm_start) turn them on, and so does
+    `repro serve --with-worker` (the README's and the dashboard's tests), which starts the
+    default agent.
     """
 
     def __init__(

@@ -101,7 +101,9 @@ def test_flags_are_stored_listed_and_shown_and_absent_ones_say_not_checked(
 
 @pytest.mark.slow
 def test_a_worker_runs_the_checks_and_reports_their_flags(service: Service, tmp_path: Path) -> None:
-    agent = service.worker(tmp_path / "checked-node", env={"TF_DETERMINISTIC_OPS": "0"})
+    agent = service.worker(
+        tmp_path / "checked-node", env={"TF_DETERMINISTIC_OPS": "0"}, readiness_checks=True
+    )
     try:
         agent.worker_id()
         deadline = time.monotonic() + 180
