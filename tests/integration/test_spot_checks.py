@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -31,27 +32,36 @@ def spec(epochs: int = EPOCHS) -> dict[str, Any]:
     return found
 
 
-def wait_check(svc: Service, check_id: int, timeout: float = 300) -> dict[str, Any]:
+def poll(svc: Service, path: str, done: Callable[[Any], bool], timeout: float, what: str) -> Any:
+    """GET `path` until `done` holds for its answer; TimeoutError naming `what` and the last
+    answer when it never does."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found: dict[str, Any] = svc.client.get(f"/api/v1/spot-checks/{check_id}").json()
-        if found["status"] != "pending":
+    while True:
+        found = svc.client.get(path).json()
+        if done(found):
             return found
-        time.sleep(0.5)
-    raise TimeoutError(f"spot check {check_id} still pending: {svc.log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: {found} {svc.log.read_text()[-3000:]}")
+        time.sleep(0.2)
 
 
-def policy_check(svc: Service, run_id: int, timeout: float = 30) -> dict[str, Any]:
+def wait_check(svc: Service, check_id: int, timeout: float = 300) -> dict[str, Any]:
+    ended = poll(
+        svc,
+        f"/api/v1/spot-checks/{check_id}",
+        lambda c: c["status"] != "pending",
+        timeout,
+        f"spot check {check_id} still pending",
+    )
+    return cast(dict[str, Any], ended)
+
+
+def policy_check(svc: Service, run_id: int) -> dict[str, Any]:
     """The spot check the policy queued for a succeeded run: it is queued just after the
     run's result is committed, so a client may see the run succeeded a moment before it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found: list[dict[str, Any]] = svc.client.get(f"/api/v1/runs/{run_id}/spot-checks").json()
-        if found:
-            [check] = found
-            return check
-        time.sleep(0.2)
-    raise TimeoutError(f"run {run_id} got no spot check: {svc.log.read_text()[-3000:]}")
+    path = f"/api/v1/runs/{run_id}/spot-checks"
+    [check] = poll(svc, path, bool, 30, f"run {run_id} got no spot check")
+    return cast(dict[str, Any], check)
 
 
 def seed_where(including: bool) -> int:
@@ -135,14 +145,13 @@ def test_retention_keeps_what_it_says_and_the_cli_verifies(
         kept = [2, 4, 5] if policy == "every:2" else [5]
         wanted = sorted(f"epoch-{e:06d}.{x}" for e in kept for x in ("json", "npz"))
         # The policy cuts the checkpoints just after the result is committed.
-        deadline = time.monotonic() + 30
-        while True:
-            listed = svc.client.get(f"/api/v1/runs/{run_id}/artifacts").json()
-            names = sorted(a["name"] for a in listed if a["kind"] == "checkpoint")
-            if names == wanted or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert names == wanted
+        listed = poll(
+            svc,
+            f"/api/v1/runs/{run_id}/artifacts",
+            lambda arts: sorted(a["name"] for a in arts if a["kind"] == "checkpoint") == wanted,
+            30,
+            f"run {run_id} did not keep just {wanted}",
+        )
         # Nothing stored that no artifact names: dropped checkpoints left no file behind.
         assert stored_files(svc.data_dir) == {a["sha256"] for a in listed}
 
